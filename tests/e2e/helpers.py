@@ -1,0 +1,44 @@
+"""Run the e2e runner in a fresh process per mode (the variable must be set before vLLM
+loads its plugins, and each mode needs its own engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CPU_ENGINE = {
+    "max_model_len": 4096,
+    "max_num_seqs": 8,
+    "enforce_eager": True,
+    "mamba_ssm_cache_dtype": "float32",
+}
+
+
+def run_mode(mode: str, model: str, waves: list[list[str]], engine: dict, max_tokens: int = 12) -> dict:
+    env = dict(os.environ)
+    env["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if mode == "lighter" else "0"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        spec = {"mode": mode, "model": model, "engine": engine, "waves": waves, "max_tokens": max_tokens}
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        proc = subprocess.run(
+            [sys.executable, "-m", "vllm_lighter_mamba.testing.e2e_runner", spec_path, out_path],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"{mode} engine failed:\n{proc.stderr[-6000:]}")
+        with open(out_path) as f:
+            return json.load(f)
+
+
+def shared_text(seed: int, length: int) -> str:
+    """Deterministic text; the byte-level tokenizer makes one token per character."""
+    return "".join(chr(97 + (i * 7 + seed * 13 + (i // 5)) % 26) for i in range(length))

@@ -1,0 +1,92 @@
+"""The pure chunk-alignment policy, case by case and as a property."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vllm_lighter_mamba.v1.core.sched.policy import block_aligned_chunk_len, last_cache_position
+
+BS = 16
+
+
+def chunk(start, n, prompt, tokens=None, eagle=False, junction=0):
+    return block_aligned_chunk_len(
+        start, n, prompt, prompt if tokens is None else tokens, BS, eagle, junction
+    )
+
+
+def test_last_cache_position():
+    assert last_cache_position(100, 16, False) == 96
+    assert last_cache_position(96, 16, False) == 96
+    assert last_cache_position(100, 16, True) == 80
+    assert last_cache_position(10, 16, True) == 0
+
+
+def test_chunk_before_last_position_is_floored_to_a_block():
+    assert chunk(0, 40, 100) == 32
+    assert chunk(32, 40, 100) == 32  # ends at 64
+
+
+def test_chunk_crossing_last_position_ends_there():
+    assert chunk(64, 40, 100) == 32  # would end at 104 > 96: ends at 96
+
+
+def test_chunk_after_last_position_is_unchanged():
+    assert chunk(96, 4, 100) == 4
+    assert chunk(0, 10, 10) == 10  # shorter than a block: last position is 0
+
+
+def test_decode_is_unchanged():
+    assert chunk(100, 1, 100, tokens=101) == 1
+
+
+def test_too_small_budget_floors_to_zero():
+    assert chunk(0, 15, 100) == 0
+    assert chunk(16, 10, 100) == 0
+
+
+def test_exact_boundary_is_kept():
+    assert chunk(0, 96, 100) == 96
+
+
+def test_eagle_backs_off_one_block():
+    assert chunk(64, 40, 100, eagle=True) == 16  # last position 80
+    assert chunk(80, 20, 100, eagle=True) == 20
+
+
+def test_resumed_request_uses_its_current_token_count():
+    # 100 prompt tokens + 40 outputs being replayed after preemption: last position 128.
+    assert chunk(96, 44, 100, tokens=140) == 32
+    assert chunk(128, 12, 100, tokens=140) == 12
+
+
+def test_junction_of_a_shared_prefix_is_a_stop():
+    assert chunk(0, 96, 100, junction=40) == 32  # floored junction 32
+    assert chunk(32, 64, 100, junction=40) == 64  # already past it
+
+
+@given(
+    prompt=st.integers(1, 600),
+    extra=st.integers(0, 50),
+    start_blocks=st.integers(0, 40),
+    n=st.integers(0, 700),
+    block_size=st.sampled_from([1, 4, 16, 64, 256]),
+    eagle=st.booleans(),
+    junction=st.integers(0, 700),
+)
+def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block_size, eagle, junction):
+    tokens = prompt + extra
+    start = min(start_blocks * block_size, tokens - 1)
+    n = min(n, tokens - start)  # the scheduler never asks for more than remains
+    got = block_aligned_chunk_len(start, n, prompt, tokens, block_size, eagle, junction)
+    assert 0 <= got <= max(n, 0)
+    end = start + got
+    last = last_cache_position(tokens, block_size, eagle)
+    in_prefill = start < max(prompt, tokens - 1)
+    if got > 0 and in_prefill and start < last:
+        # Before the last cache position a chunk ends on a block boundary or exactly there.
+        assert end % block_size == 0 or end == last
+        assert end <= last
+    if not in_prefill or start >= last:
+        assert got == n

@@ -1,0 +1,71 @@
+"""Run waves of prompts through vLLM's offline ``LLM`` in one engine and print JSON results.
+
+    python -m vllm_lighter_mamba.testing.e2e_runner SPEC.json OUT.json
+
+SPEC: {"mode": "none"|"align"|"lighter", "model": DIR, "engine": {EngineArgs...},
+       "waves": [[prompt, ...], ...], "max_tokens": N}
+Each wave is one ``generate`` call issued after the previous one finished. The mode is
+applied the way a user would: ``none`` disables prefix caching, ``align`` passes
+``mamba_cache_mode="align"``, ``lighter`` sets ``VLLM_USE_LIGHTER_MAMBA_CACHE=1`` (which
+must be set before vLLM loads its plugins, so run this in a fresh process per mode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def engine_kwargs(mode: str, model: str, extra: dict) -> dict:
+    kwargs = {"model": model, "dtype": "bfloat16", "seed": 0, **extra}
+    if mode == "none":
+        kwargs["enable_prefix_caching"] = False
+    elif mode == "align":
+        kwargs["enable_prefix_caching"] = True
+        kwargs["mamba_cache_mode"] = "align"
+    elif mode == "lighter":
+        assert os.environ.get("VLLM_USE_LIGHTER_MAMBA_CACHE") == "1", "set the variable first"
+    else:
+        raise ValueError(mode)
+    return kwargs
+
+
+def run(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**engine_kwargs(spec["mode"], spec["model"], spec.get("engine", {})))
+    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 16), ignore_eos=True)
+    waves = []
+    for prompts in spec["waves"]:
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        waves.append(
+            {
+                "seconds": time.perf_counter() - start,
+                "requests": [
+                    {
+                        "prompt_tokens": len(o.prompt_token_ids),
+                        "cached_tokens": o.num_cached_tokens or 0,
+                        "token_ids": list(o.outputs[0].token_ids),
+                    }
+                    for o in outputs
+                ],
+            }
+        )
+    block_size = llm.llm_engine.vllm_config.cache_config.block_size
+    return {"mode": spec["mode"], "block_size": block_size, "waves": waves}
+
+
+def main() -> None:
+    spec_path, out_path = sys.argv[1], sys.argv[2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = run(spec)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

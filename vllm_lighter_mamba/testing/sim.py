@@ -1,0 +1,347 @@
+"""Replays requests through vLLM's real ``Scheduler`` and ``KVCacheManager`` with a mocked
+model (no weights, no device): the harness of the core tests and of the benchmark's
+``--simulate`` mode.
+
+The KV-cache configuration is hybrid like a real Qwen3-Next or NemotronH: one full-attention
+group and one Mamba group sharing a block pool, with equal block sizes. ``mode`` picks the
+Mamba cache: ``none`` (prefix caching off), ``align`` (upstream vLLM 0.26), ``lighter`` (ours,
+with ``VLLM_USE_LIGHTER_MAMBA_CACHE=1`` set for the duration of the replay).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_lighter_mamba.envs import VARIABLE
+
+MODES = ("none", "align", "lighter")
+
+
+@contextlib.contextmanager
+def lighter_variable(on: bool) -> Iterator[None]:
+    """Set (or clear) the variable and install the patches while inside."""
+    previous = os.environ.get(VARIABLE)
+    os.environ[VARIABLE] = "1" if on else "0"
+    if on:
+        from vllm_lighter_mamba.patch import apply_all_patches
+
+        apply_all_patches()
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(VARIABLE, None)
+        else:
+            os.environ[VARIABLE] = previous
+
+
+@dataclass
+class SimRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_step: int = 0
+    abort_at_step: int | None = None
+
+
+@dataclass
+class SimResult:
+    mode: str
+    steps: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    peak_blocks: int = 0
+    mean_blocks: float = 0.0
+    cached_per_request: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    chunks: list[tuple[str, int, int, int]] = field(default_factory=list)  # (req, start, n, step)
+    max_step_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def make_scheduler(
+    mode: str,
+    model_dir: str,
+    block_size: int = 16,
+    num_blocks: int = 1000,
+    max_num_batched_tokens: int = 256,
+    max_num_seqs: int = 16,
+    max_model_len: int = 4096,
+    num_speculative_blocks: int = 0,
+    use_eagle: bool = False,
+    async_scheduling: bool = False,
+):
+    """A vLLM scheduler over a hybrid (attention + Mamba) KV-cache config, no model."""
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    assert mode in MODES, mode
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=min(max_num_seqs, max_num_batched_tokens),
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=True,
+        async_scheduling=async_scheduling,
+        is_encoder_decoder=False,
+    )
+    model_config = ModelConfig(model=model_dir, dtype="float32", seed=0, max_model_len=max_model_len)
+    cache_config = CacheConfig(
+        block_size=block_size,
+        enable_prefix_caching=mode != "none",
+        mamba_cache_mode="align" if mode == "align" else "none",
+    )
+    cache_config.num_gpu_blocks = num_blocks
+    vllm_config = VllmConfig(
+        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+    )
+    # VllmConfig re-verifies hybrid models; pin the settings the replay is about.
+    cache_config.block_size = block_size
+    cache_config.mamba_block_size = block_size
+    cache_config.enable_prefix_caching = mode != "none"
+    cache_config.mamba_cache_mode = "align" if mode == "align" else "none"
+    mamba_spec = MambaSpec(
+        block_size=block_size,
+        shapes=((1,),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode=cache_config.mamba_cache_mode,
+        num_speculative_blocks=num_speculative_blocks,
+    )
+    attention_spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attn"], attention_spec),
+            KVCacheGroupSpec(["mamba"], mamba_spec),
+        ],
+    )
+    scheduler_config.async_scheduling = async_scheduling
+    # The same lookup vLLM's engine core does (patched while the variable is on).
+    scheduler_cls = scheduler_config.get_scheduler_cls()
+    assert issubclass(scheduler_cls, AsyncScheduler if async_scheduling else Scheduler)
+    scheduler = scheduler_cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=block_size,
+    )
+    if use_eagle:
+        scheduler.use_eagle = True
+    return scheduler
+
+
+_hashers: dict[int, object] = {}
+
+
+def block_hasher(block_size: int):
+    """One hasher per block size; the root (none) hash is seeded once per process."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    if not _hashers:
+        init_none_hash(sha256)
+    if block_size not in _hashers:
+        _hashers[block_size] = get_request_block_hasher(block_size, sha256)
+    return _hashers[block_size]
+
+
+def make_request(req: SimRequest, block_size: int):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, temperature=0.0)
+    return Request(
+        request_id=req.request_id,
+        prompt_token_ids=list(req.prompt_token_ids),
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=block_hasher(block_size),
+    )
+
+
+def next_token(token_ids: Sequence[int]) -> int:
+    """The mocked model: a deterministic function of the whole sequence so far."""
+    return (sum(token_ids[-8:]) * 31 + len(token_ids)) % 997
+
+
+def blocks_in_use(scheduler) -> int:
+    pool = scheduler.kv_cache_manager.block_pool
+    return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+
+
+def replay(
+    mode: str,
+    requests: Sequence[SimRequest],
+    model_dir: str,
+    max_steps: int = 100_000,
+    check=None,
+    shadow: bool = False,
+    **scheduler_kwargs,
+) -> SimResult:
+    """Run ``requests`` to completion; ``check(scheduler, output, step)`` runs every step."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    with lighter_variable(mode == "lighter"):
+        scheduler = make_scheduler(mode, model_dir, **scheduler_kwargs)
+        block_size = scheduler.cache_config.block_size
+        pending = sorted(requests, key=lambda r: r.arrival_step)
+        by_id = {r.request_id: r for r in requests}
+        result = SimResult(mode=mode)
+        live = {}
+        step = 0
+        total_blocks = 0
+        worker = None
+        if shadow:
+            assert mode == "lighter", "the shadow worker mirrors the lighter layout"
+            worker = ShadowWorker(
+                group_id=1,
+                block_size=block_size,
+                num_spec=scheduler_kwargs.get("num_speculative_blocks", 0),
+            )
+        while pending or scheduler.has_unfinished_requests():
+            while pending and pending[0].arrival_step <= step:
+                sim_req = pending.pop(0)
+                request = make_request(sim_req, block_size)
+                live[sim_req.request_id] = request
+                scheduler.add_request(request)
+                result.prompt_tokens += len(sim_req.prompt_token_ids)
+            aborts = [
+                rid
+                for rid, r in by_id.items()
+                if r.abort_at_step == step and rid in live and not live[rid].is_finished()
+            ]
+            if aborts:
+                from vllm.v1.request import RequestStatus
+
+                scheduler.finish_requests(aborts, RequestStatus.FINISHED_ABORTED)
+            output = scheduler.schedule()
+            sampled = {}
+            for rid, n in output.num_scheduled_tokens.items():
+                request = live[rid]
+                start = request.num_computed_tokens - n
+                result.chunks.append((rid, start, n, step))
+                if rid not in result.cached_per_request:
+                    result.cached_per_request[rid] = start  # the prefix-cache hit
+                if request.num_computed_tokens >= request.num_tokens:
+                    sampled[rid] = [next_token(request.all_token_ids)]
+                else:
+                    sampled[rid] = []
+            result.max_step_tokens = max(result.max_step_tokens, output.total_num_scheduled_tokens)
+            if check is not None:
+                check(scheduler, output, step)
+            if worker is not None:
+                worker.step(output, live)
+            req_ids = list(output.num_scheduled_tokens)
+            runner_output = ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                sampled_token_ids=[sampled[rid] for rid in req_ids],
+            )
+            scheduler.update_from_output(output, runner_output)
+            in_use = blocks_in_use(scheduler)
+            result.peak_blocks = max(result.peak_blocks, in_use)
+            total_blocks += in_use
+            step += 1
+            if step > max_steps:
+                raise RuntimeError(f"{mode}: requests did not finish in {max_steps} steps")
+        for rid, request in live.items():
+            result.outputs[rid] = list(request.output_token_ids)
+            result.cached_tokens += result.cached_per_request.get(rid, 0)
+        result.steps = step
+        result.mean_blocks = total_blocks / max(step, 1)
+        result.scheduler = scheduler  # type: ignore[attr-defined]
+        result.shadow = worker  # type: ignore[attr-defined]
+        return result
+
+
+class ShadowWorker:
+    """Mirrors what the worker does with the lighter layout, with states made checkable.
+
+    Block tables are rebuilt from the scheduler outputs exactly as the worker does
+    (append-only, replaced on resume); each step first performs every state copy, then
+    every kernel reads its initial state and writes its final one. A "state" is the
+    token prefix it summarizes, so a wrong block, a premature free or a bad hit shows as
+    a read that does not match the tokens the request has computed.
+    """
+
+    def __init__(self, group_id: int, block_size: int, num_spec: int = 0) -> None:
+        self.group_id = group_id
+        self.block_size = block_size
+        self.num_spec = num_spec
+        self.tables: dict[str, list[int]] = {}
+        self.content: dict[int, int] = {}
+        self.num_copies = 0
+
+    def _sync_tables(self, output) -> None:
+        g = self.group_id
+        for new in output.scheduled_new_reqs:
+            self.tables[new.req_id] = list(new.block_ids[g])
+        cached = output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            ids = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                self.tables[rid] = list(ids[g]) if ids is not None else []
+            elif ids is not None:
+                self.tables[rid].extend(ids[g])
+        for rid in output.finished_req_ids:
+            self.tables.pop(rid, None)
+
+    def step(self, output, requests: dict) -> None:
+        from vllm_lighter_mamba.ops.state_indices import state_indices_torch
+
+        self._sync_tables(output)
+        plans = []
+        for rid, n in output.num_scheduled_tokens.items():
+            request = requests[rid]
+            computed = request.num_computed_tokens - n
+            table = torch.tensor([self.tables[rid]], dtype=torch.int64)
+            plan = state_indices_torch(
+                table,
+                torch.tensor([computed + n]),
+                self.block_size,
+                self.num_spec,
+                torch.tensor([n]),
+            )
+            plans.append((rid, computed, n, plan))
+        # Phase 1: the runner's copies, all before the forward.
+        snapshot = dict(self.content)
+        for rid, computed, _, plan in plans:
+            src, dst = int(plan.copy_src[0]), int(plan.copy_dst[0])
+            if src >= 0:
+                assert src != 0 and dst != 0, f"{rid}: copy touches the null block"
+                self.content[dst] = snapshot.get(src, -1)
+                self.num_copies += 1
+        # Phase 2: each kernel reads its initial state and writes its final state.
+        written = set()
+        for rid, computed, n, plan in plans:
+            tokens = requests[rid].all_token_ids
+            index = int(plan.state_indices[0, 0])
+            assert index > 0, f"{rid}: state index {index} is the null block or missing"
+            assert index not in written, f"{rid}: block {index} is another request's state"
+            written.add(index)
+            if computed > 0:
+                expected = hash(tuple(tokens[:computed]))
+                assert self.content.get(index) == expected, (
+                    f"{rid}: initial state at block {index} is not the state after "
+                    f"{computed} tokens"
+                )
+            self.content[index] = hash(tuple(tokens[: computed + n]))

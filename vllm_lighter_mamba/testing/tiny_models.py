@@ -1,0 +1,165 @@
+"""Tiny random-weight hybrid models, built locally (no model hub anywhere).
+
+    python -m vllm_lighter_mamba.testing.tiny_models --arch qwen3_next --out DIR [--seed N]
+
+ARCH: ``qwen3_next`` (GatedDeltaNet + attention + MoE), ``nemotron_h`` (Mamba2 + attention),
+``jamba`` (Mamba1 + attention). Weights are deterministic for a seed and saved with
+safetensors in bf16; the tokenizer is byte-level (one token per byte) and built with the
+tokenizers library. The lm_head is scaled up so logits are peaky: greedy decoding then
+does not flip on bf16 rounding noise between two correct runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+ARCHS = ("qwen3_next", "nemotron_h", "jamba")
+VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
+EOS_TOKEN_ID = 256
+LM_HEAD_SCALE = 8.0
+
+
+def _qwen3_next_config():
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        # vLLM's Qwen3-Next needs at least one MoE layer: layer 3 is sparse.
+        decoder_sparse_step=1,
+        mlp_only_layers=[0, 1, 2],
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+    )
+
+
+def _nemotron_h_config():
+    from transformers import NemotronHConfig
+
+    return NemotronHConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        layers_block_type=["mamba", "attention", "mamba", "mlp"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        ssm_state_size=16,
+        mamba_num_heads=8,
+        mamba_head_dim=32,
+        n_groups=1,
+        conv_kernel=4,
+        expand=2,
+        chunk_size=64,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+    )
+
+
+def _jamba_config():
+    from transformers import JambaConfig
+
+    return JambaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=4,
+        attn_layer_offset=2,
+        expert_layer_period=4,
+        expert_layer_offset=1,
+        num_experts=2,
+        num_experts_per_tok=1,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        use_mamba_kernels=False,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+    )
+
+
+CONFIGS = {"qwen3_next": _qwen3_next_config, "nemotron_h": _nemotron_h_config, "jamba": _jamba_config}
+
+
+def build_tokenizer():
+    """Byte-level tokenizer: every byte is one token, no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_to_unicode = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_to_unicode))}
+    vocab["<|endoftext|>"] = EOS_TOKEN_ID
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        model_max_length=8192,
+    )
+
+
+def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random-weight model and its tokenizer to ``out_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    if arch not in CONFIGS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = CONFIGS[arch]()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.05)
+        model.get_output_embeddings().weight.mul_(LM_HEAD_SCALE)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", choices=ARCHS, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(build_tiny_model(args.arch, args.out, args.seed))
+
+
+if __name__ == "__main__":
+    main()

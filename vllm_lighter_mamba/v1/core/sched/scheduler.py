@@ -1,0 +1,63 @@
+"""vLLM's scheduler with block-aligned prefill chunks for hybrid models.
+
+vLLM 0.26's ``Scheduler.schedule`` already calls a chunk-splitting hook on both the
+running and the waiting path (after the token budget and encoder inputs, and skipping
+requests whose KV is being loaded asynchronously). We turn that hook on for every model
+with Mamba-type layers and give it our policy; upstream's align-mode body never runs.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from vllm.v1.request import Request
+
+from vllm_lighter_mamba.v1.core.sched.policy import block_aligned_chunk_len
+
+
+class LighterMambaSchedulerMixin:
+    """Mixed in front of vLLM's ``Scheduler`` or ``AsyncScheduler``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Models without Mamba-type layers are scheduled exactly as upstream does.
+        self.lighter_mamba_active: bool = bool(self.has_mamba_layers)
+        if self.lighter_mamba_active:
+            self.need_mamba_block_aligned_split = True
+            # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
+            self.mamba_partial_cache_hit = False
+
+    def _mamba_block_aligned_split(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        start = (
+            request.num_computed_tokens
+            + num_new_local_computed_tokens
+            + num_external_computed_tokens
+        )
+        return block_aligned_chunk_len(
+            start=start,
+            num_new_tokens=num_new_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_tokens=request.num_tokens,
+            block_size=self.cache_config.block_size,
+            use_eagle=self.use_eagle,
+            shared_prefix_boundary=request.shared_prefix_boundary,
+        )
+
+
+@cache
+def with_lighter_mamba(scheduler_cls: type) -> type:
+    """The scheduler class vLLM would use, with block-aligned chunks in front."""
+    if issubclass(scheduler_cls, LighterMambaSchedulerMixin):
+        return scheduler_cls
+    return type(
+        f"LighterMamba{scheduler_cls.__name__}",
+        (LighterMambaSchedulerMixin, scheduler_cls),
+        {"__module__": __name__},
+    )
