@@ -11,6 +11,7 @@ with ``VLLM_USE_LIGHTER_MAMBA_CACHE=1`` set for the duration of the replay).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,10 +62,52 @@ class SimResult:
     outputs: dict[str, list[int]] = field(default_factory=dict)
     chunks: list[tuple[str, int, int, int]] = field(default_factory=list)  # (req, start, n, step)
     max_step_tokens: int = 0
+    preemptions: int = 0
 
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@functools.lru_cache(maxsize=64)
+def _vllm_config(
+    mode: str,
+    model_dir: str,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    async_scheduling: bool,
+    num_blocks: int,
+):
+    """Built once per setting: loading the model's HF config dominates a short replay."""
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=min(max_num_seqs, max_num_batched_tokens),
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=True,
+        async_scheduling=async_scheduling,
+        is_encoder_decoder=False,
+    )
+    model_config = ModelConfig(model=model_dir, dtype="float32", seed=0, max_model_len=max_model_len)
+    cache_config = CacheConfig(
+        block_size=block_size,
+        enable_prefix_caching=mode != "none",
+        mamba_cache_mode="align" if mode == "align" else "none",
+    )
+    vllm_config = VllmConfig(
+        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+    )
+    # VllmConfig re-verifies hybrid models; pin the settings the replay is about.
+    cache_config.num_gpu_blocks = num_blocks
+    cache_config.block_size = block_size
+    cache_config.mamba_block_size = block_size
+    cache_config.enable_prefix_caching = mode != "none"
+    cache_config.mamba_cache_mode = "align" if mode == "align" else "none"
+    scheduler_config.async_scheduling = async_scheduling
+    return vllm_config
 
 
 def make_scheduler(
@@ -80,7 +123,6 @@ def make_scheduler(
     async_scheduling: bool = False,
 ):
     """A vLLM scheduler over a hybrid (attention + Mamba) KV-cache config, no model."""
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (
@@ -92,34 +134,21 @@ def make_scheduler(
     from vllm.v1.structured_output import StructuredOutputManager
 
     assert mode in MODES, mode
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=min(max_num_seqs, max_num_batched_tokens),
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=True,
-        async_scheduling=async_scheduling,
-        is_encoder_decoder=False,
+    vllm_config = _vllm_config(
+        mode,
+        model_dir,
+        block_size,
+        max_num_batched_tokens,
+        max_num_seqs,
+        max_model_len,
+        async_scheduling,
+        num_blocks,
     )
-    model_config = ModelConfig(model=model_dir, dtype="float32", seed=0, max_model_len=max_model_len)
-    cache_config = CacheConfig(
-        block_size=block_size,
-        enable_prefix_caching=mode != "none",
-        mamba_cache_mode="align" if mode == "align" else "none",
-    )
-    cache_config.num_gpu_blocks = num_blocks
-    vllm_config = VllmConfig(
-        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
-    )
-    # VllmConfig re-verifies hybrid models; pin the settings the replay is about.
-    cache_config.block_size = block_size
-    cache_config.mamba_block_size = block_size
-    cache_config.enable_prefix_caching = mode != "none"
-    cache_config.mamba_cache_mode = "align" if mode == "align" else "none"
     mamba_spec = MambaSpec(
         block_size=block_size,
         shapes=((1,),),
         dtypes=(torch.float32,),
-        mamba_cache_mode=cache_config.mamba_cache_mode,
+        mamba_cache_mode=vllm_config.cache_config.mamba_cache_mode,
         num_speculative_blocks=num_speculative_blocks,
     )
     attention_spec = FullAttentionSpec(
@@ -133,9 +162,8 @@ def make_scheduler(
             KVCacheGroupSpec(["mamba"], mamba_spec),
         ],
     )
-    scheduler_config.async_scheduling = async_scheduling
     # The same lookup vLLM's engine core does (patched while the variable is on).
-    scheduler_cls = scheduler_config.get_scheduler_cls()
+    scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     assert issubclass(scheduler_cls, AsyncScheduler if async_scheduling else Scheduler)
     scheduler = scheduler_cls(
         vllm_config=vllm_config,
@@ -266,6 +294,7 @@ def replay(
         for rid, request in live.items():
             result.outputs[rid] = list(request.output_token_ids)
             result.cached_tokens += result.cached_per_request.get(rid, 0)
+            result.preemptions += request.num_preemptions
         result.steps = step
         result.mean_blocks = total_blocks / max(step, 1)
         result.scheduler = scheduler  # type: ignore[attr-defined]

@@ -1,0 +1,21 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+PY := .venv/bin/python
+export VLLM_CPU_KVCACHE_SPACE ?= 2
+
+.PHONY: install demo test test-fast test-stress lint
+install:
+	bash scripts/install.sh
+
+demo: install
+	$(PY) -m vllm_lighter_mamba.demo
+
+lint: install
+	$(PY) -m ruff check .
+
+# Unit, core (scheduler/manager), kernel, CPU end-to-end, server and benchmark tests.
+test: install lint
+	$(PY) -m pytest tests -m "not stress" --ignore=tests/kernels -q
+	TRITON_INTERPRET=1 $(PY) -m pytest tests/kernels -q
+
+test-stress: install
+	$(PY) -m pytest tests -m stress -q

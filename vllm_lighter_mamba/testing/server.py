@@ -1,0 +1,114 @@
+"""Start ``vllm serve`` as an operator would (a subprocess on a local port), wait until it
+is ready, and stop it cleanly. Used by the demo, the server tests and the stress test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vllm_command() -> list[str]:
+    """The ``vllm`` command of this environment (next to this Python, else on PATH)."""
+    local = Path(sys.executable).with_name("vllm")
+    if local.exists():
+        return [str(local)]
+    found = shutil.which("vllm")
+    if found is None:
+        raise RuntimeError("the `vllm` command was not found; run scripts/install.sh")
+    return [found]
+
+
+def cpu_serve_args() -> list[str]:
+    """Arguments the CPU build needs for the tiny GDN model."""
+    return ["--dtype", "bfloat16", "--mamba-ssm-cache-dtype", "float32", "--enforce-eager"]
+
+
+@contextlib.contextmanager
+def serve(
+    model: str,
+    args: list[str] = (),
+    lighter: bool = True,
+    env: dict | None = None,
+    log_path: str | None = None,
+    ready_timeout: float = 600.0,
+) -> Iterator[str]:
+    """Yield the base URL of a running ``vllm serve MODEL``; stop it on exit."""
+    port = free_port()
+    environment = dict(os.environ)
+    environment["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if lighter else "0"
+    environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    environment.update(env or {})
+    command = vllm_command() + ["serve", model, "--host", "127.0.0.1", "--port", str(port), *args]
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    process = subprocess.Popen(
+        command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(process, base_url, ready_timeout, log_path)
+        yield base_url
+    finally:
+        _stop(process)
+        if log_path:
+            log.close()
+
+
+def _wait_ready(process: subprocess.Popen, base_url: str, timeout: float, log_path: str | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = Path(log_path).read_text()[-4000:] if log_path else ""
+            raise RuntimeError(f"vllm serve exited with {process.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"vllm serve not ready after {timeout:.0f} s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def metrics(base_url: str) -> dict[str, float]:
+    """vLLM's Prometheus ``/metrics`` as {name{labels}: value} (counters, gauges)."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            values[name] = float(value)
+    return values
+
+
+def metric_total(values: dict[str, float], name: str) -> float:
+    """Sum of a metric over its label sets."""
+    return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
