@@ -13,6 +13,7 @@ import argparse
 import json
 import platform
 import time
+from functools import partial
 
 import torch
 
@@ -85,12 +86,8 @@ def main() -> None:
         machine = torch.cuda.get_device_name()
         for batch in batches:
             table, seq_lens, query_lens = make_inputs(batch, "cuda")
-
-            def ours():
-                return mamba_state_indices(table, seq_lens, BLOCK_SIZE, 0, query_lens)
-
-            def theirs():
-                return upstream_gather(table, seq_lens, spec)
+            ours = partial(mamba_state_indices, table, seq_lens, BLOCK_SIZE, 0, query_lens)
+            theirs = partial(upstream_gather, table, seq_lens, spec)
 
             assert torch.equal(ours().state_indices, theirs())
             row = {
@@ -107,15 +104,12 @@ def main() -> None:
         machine = platform.processor() or platform.machine()
         for batch in batches:
             table, seq_lens, query_lens = make_inputs(batch, "cpu")
+            ours = partial(mamba_state_indices, table, seq_lens, BLOCK_SIZE, 0, query_lens)
             row = {
                 "batch": batch,
-                "numba_us": time_cpu(
-                    lambda: mamba_state_indices(table, seq_lens, BLOCK_SIZE, 0, query_lens, "numba")
-                ),
-                "torch_us": time_cpu(
-                    lambda: mamba_state_indices(table, seq_lens, BLOCK_SIZE, 0, query_lens, "torch")
-                ),
-                "upstream_torch_us": time_cpu(lambda: upstream_gather(table, seq_lens, spec)),
+                "numba_us": time_cpu(partial(ours, backend="numba")),
+                "torch_us": time_cpu(partial(ours, backend="torch")),
+                "upstream_torch_us": time_cpu(partial(upstream_gather, table, seq_lens, spec)),
             }
             row["speedup_vs_upstream"] = row["upstream_torch_us"] / row["numba_us"]
             rows.append(row)

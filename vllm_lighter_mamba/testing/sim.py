@@ -353,7 +353,7 @@ class ShadowWorker:
             plans.append((rid, computed, n, plan))
         # Phase 1: the runner's copies, all before the forward.
         snapshot = dict(self.content)
-        for rid, computed, _, plan in plans:
+        for rid, _, _, plan in plans:
             src, dst = int(plan.copy_src[0]), int(plan.copy_dst[0])
             if src >= 0:
                 assert src != 0 and dst != 0, f"{rid}: copy touches the null block"
