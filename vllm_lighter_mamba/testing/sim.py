@@ -223,13 +223,18 @@ def replay(
     max_steps: int = 100_000,
     check=None,
     shadow: bool = False,
+    scheduler=None,
     **scheduler_kwargs,
 ) -> SimResult:
-    """Run ``requests`` to completion; ``check(scheduler, output, step)`` runs every step."""
+    """Run ``requests`` to completion; ``check(scheduler, output, step)`` runs every step.
+
+    Pass the ``scheduler`` of an earlier replay to continue on its (warm) prefix cache.
+    """
     from vllm.v1.outputs import ModelRunnerOutput
 
     with lighter_variable(mode == "lighter"):
-        scheduler = make_scheduler(mode, model_dir, **scheduler_kwargs)
+        if scheduler is None:
+            scheduler = make_scheduler(mode, model_dir, **scheduler_kwargs)
         block_size = scheduler.cache_config.block_size
         pending = sorted(requests, key=lambda r: r.arrival_step)
         by_id = {r.request_id: r for r in requests}

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 ARCHS = ("qwen3_next", "nemotron_h", "jamba")
+# Not tiny: built on the GPU host for benchmark figures only.
+LARGE_ARCHS = ("qwen3_next_1b",)
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
 EOS_TOKEN_ID = 256
 LM_HEAD_SCALE = 8.0
@@ -108,7 +110,46 @@ def _jamba_config():
     )
 
 
-CONFIGS = {"qwen3_next": _qwen3_next_config, "nemotron_h": _nemotron_h_config, "jamba": _jamba_config}
+def _qwen3_next_1b_config():
+    """About 1B parameters: realistic per-step costs for prefill timing (GPU benchmarks)."""
+    from transformers import Qwen3NextConfig
+
+    num_layers = 24
+    return Qwen3NextConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=num_layers,
+        # Qwen3-Next's 3:1 pattern of GatedDeltaNet to full attention.
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)],
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=8,
+        linear_num_value_heads=16,
+        decoder_sparse_step=1,
+        mlp_only_layers=list(range(num_layers - 1)),  # vLLM needs one MoE layer: the last
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=1024,
+        shared_expert_intermediate_size=1024,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+    )
+
+
+CONFIGS = {
+    "qwen3_next": _qwen3_next_config,
+    "qwen3_next_1b": _qwen3_next_1b_config,
+    "nemotron_h": _nemotron_h_config,
+    "jamba": _jamba_config,
+}
 
 
 def build_tokenizer():
@@ -131,17 +172,18 @@ def build_tokenizer():
     )
 
 
-def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random-weight model and its tokenizer to ``out_dir``."""
+def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, device: str = "cpu") -> Path:
+    """Write a random-weight model and its tokenizer to ``out_dir``."""
     from transformers import AutoModelForCausalLM
 
     if arch not in CONFIGS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS + LARGE_ARCHS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     config = CONFIGS[arch]()
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
@@ -154,11 +196,12 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", choices=ARCHS, required=True)
+    parser.add_argument("--arch", choices=ARCHS + LARGE_ARCHS, required=True)
+    parser.add_argument("--device", default="cpu", help="where to initialize the weights")
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    print(build_tiny_model(args.arch, args.out, args.seed))
+    print(build_tiny_model(args.arch, args.out, args.seed, args.device))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+"""GPU end to end (skipped without CUDA): tiny Qwen3-Next (GDN), NemotronH (Mamba2) and
+Jamba (Mamba1), eager and with CUDA graphs, lighter cache vs prefix caching off (and
+upstream align, eager), greedy outputs and second-wave hits.
+
+Also a script, for the device machine: ``python -m tests.e2e.test_gpu_models OUT.json``
+runs every combination in one process (the variable is switched per engine, which the
+patches read at call time, and engine-core processes inherit it when they start).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+from .helpers import shared_text
+
+ARCHS = ("qwen3_next", "nemotron_h", "jamba")
+PREFIX = shared_text(5, 1500)
+WAVES = [
+    [PREFIX + " first?"],
+    [PREFIX + " second?", PREFIX + " third, longer?", "short one", shared_text(6, 600) + " b"],
+    [shared_text(7, 900) + " x", shared_text(7, 900) + " y"],
+    [shared_text(6, 600) + " b2", shared_text(7, 900) + " z"],
+]
+
+
+def engine_args(arch: str, eager: bool) -> dict:
+    args = {
+        "max_model_len": 4096,
+        "max_num_batched_tokens": 1024,
+        "max_num_seqs": 16,
+        "gpu_memory_utilization": 0.12,
+        "enforce_eager": eager,
+    }
+    if arch == "qwen3_next":
+        args["additional_config"] = {"gdn_prefill_backend": "triton"}
+    if arch == "nemotron_h":
+        args["mamba_ssm_cache_dtype"] = "float32"
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def run_combo(arch: str, model: str, eager: bool, mode: str) -> dict:
+    from vllm_lighter_mamba.testing.e2e_runner import run
+
+    os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if mode == "lighter" else "0"
+    start = time.perf_counter()
+    try:
+        result = run({"mode": mode, "model": model, "engine": engine_args(arch, eager), "waves": WAVES,
+                      "max_tokens": 16})
+        result["error"] = None
+    except Exception as exc:  # recorded, so one failing model does not hide the others
+        result = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    finally:
+        os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "0"
+        gc.collect()
+        torch.cuda.empty_cache()
+    result.update(arch=arch, eager=eager, seconds_total=time.perf_counter() - start)
+    return result
+
+
+def tokens(result: dict) -> list[list[int]]:
+    return [r["token_ids"] for w in result["waves"] for r in w["requests"]]
+
+
+def cached(result: dict) -> list[int]:
+    return [r["cached_tokens"] for w in result["waves"] for r in w["requests"]]
+
+
+def run_all(model_root: str, archs=ARCHS) -> list[dict]:
+    from vllm_lighter_mamba.patch import apply_all_patches
+    from vllm_lighter_mamba.testing.tiny_models import build_tiny_model
+
+    apply_all_patches()
+    results = []
+    for arch in archs:
+        model = str(build_tiny_model(arch, os.path.join(model_root, arch)))
+        for eager in (True, False):
+            modes = ("none", "align", "lighter") if eager else ("none", "lighter")
+            for mode in modes:
+                results.append(run_combo(arch, model, eager, mode))
+                print(json.dumps({k: results[-1].get(k) for k in ("arch", "eager", "mode", "error")}),
+                      flush=True)
+    return results
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_model(arch, tmp_path):
+    results = run_all(str(tmp_path), archs=(arch,))
+    for eager in (True, False):
+        by_mode = {r["mode"]: r for r in results if r["eager"] == eager}
+        assert all(r["error"] is None for r in by_mode.values()), by_mode
+        assert tokens(by_mode["lighter"]) == tokens(by_mode["none"])
+        assert cached(by_mode["lighter"])[1] > 0
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    all_results = run_all(os.environ.get("TINY_MODEL_ROOT", "/tmp/tiny_models"))
+    with open(out, "w") as f:
+        json.dump(all_results, f)
+    for eager in (True, False):
+        for arch in ARCHS:
+            rows = {r["mode"]: r for r in all_results if r["arch"] == arch and r["eager"] == eager}
+            if any(r["error"] for r in rows.values()):
+                print(arch, "eager" if eager else "graphs", {m: r["error"] for m, r in rows.items()})
+                continue
+            same = tokens(rows["lighter"]) == tokens(rows["none"])
+            print(arch, "eager" if eager else "graphs", "outputs==off:", same,
+                  {m: cached(r) for m, r in rows.items()})

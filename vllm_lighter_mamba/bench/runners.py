@@ -1,0 +1,136 @@
+"""Run a workload through a real engine (one mode per process) or the simulated scheduler."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from tqdm import tqdm
+
+from vllm_lighter_mamba.bench.workloads import WaveSource
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    output_token_ids: list[int]
+    ttft_s: float | None = None
+    decode_tok_s: float | None = None
+    wave: int = 0
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    workload: str
+    requests: list[RequestRecord] = field(default_factory=list)
+    wall_s: float | None = None
+    peak_blocks: int | None = None
+    mean_blocks: float | None = None
+    steps: int | None = None
+
+    def summary(self) -> dict:
+        prompt = sum(r.prompt_tokens for r in self.requests)
+        cached = sum(r.cached_tokens for r in self.requests)
+        out = {
+            "mode": self.mode,
+            "workload": self.workload,
+            "num_requests": len(self.requests),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "hit_rate": cached / prompt if prompt else 0.0,
+        }
+        if self.wall_s is not None:
+            ttfts = sorted(r.ttft_s for r in self.requests if r.ttft_s is not None)
+            decode = [r.decode_tok_s for r in self.requests if r.decode_tok_s]
+            outputs = sum(len(r.output_token_ids) for r in self.requests)
+            out.update(
+                wall_s=self.wall_s,
+                output_tok_s=outputs / self.wall_s if self.wall_s else None,
+                ttft_p50_s=_percentile(ttfts, 50),
+                ttft_p99_s=_percentile(ttfts, 99),
+                decode_tok_s=statistics.mean(decode) if decode else None,
+            )
+        if self.peak_blocks is not None:
+            out.update(peak_blocks=self.peak_blocks, mean_blocks=self.mean_blocks, steps=self.steps)
+        return out
+
+    def to_json(self) -> dict:
+        return {"summary": self.summary(), "requests": [asdict(r) for r in self.requests]}
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def run_engine(llm, mode: str, workload: str, source: WaveSource) -> ModeResult:
+    """Issue each wave with ``LLM.generate`` after the previous one finished."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    result = ModeResult(mode, workload)
+    outputs: dict[str, list[int]] = {}
+    start = time.perf_counter()
+    wave_index = 0
+    progress = tqdm(desc=f"{mode}/{workload}", unit="req")
+    while (wave := source(outputs)) is not None:
+        prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in wave]
+        params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in wave]
+        for request, output in zip(wave, llm.generate(prompts, params, use_tqdm=False), strict=True):
+            tokens = list(output.outputs[0].token_ids)
+            outputs[request.request_id] = tokens
+            metrics = output.metrics
+            ttft = decode = None
+            if metrics is not None and metrics.first_token_latency:
+                ttft = metrics.first_token_latency
+                span = metrics.last_token_ts - metrics.first_token_ts
+                decode = (len(tokens) - 1) / span if span > 0 and len(tokens) > 1 else None
+            result.requests.append(
+                RequestRecord(request.request_id, len(request.prompt_token_ids),
+                              output.num_cached_tokens or 0, tokens, ttft, decode, wave_index)
+            )
+        progress.update(len(wave))
+        wave_index += 1
+    progress.close()
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def run_simulated(
+    mode: str, workload: str, source: WaveSource, model_dir: str, **scheduler_kwargs
+) -> ModeResult:
+    """The same waves through vLLM's real Scheduler/KVCacheManager with a mocked model."""
+    from vllm_lighter_mamba.testing.sim import SimRequest, replay
+
+    result = ModeResult(mode, workload, steps=0, peak_blocks=0, mean_blocks=0.0)
+    outputs: dict[str, list[int]] = {}
+    weighted_blocks = 0.0
+    wave_index = 0
+    scheduler = None
+    while (wave := source(outputs)) is not None:
+        sim = replay(
+            mode,
+            [SimRequest(r.request_id, r.prompt_token_ids, r.max_tokens) for r in wave],
+            model_dir,
+            scheduler=scheduler,
+            **scheduler_kwargs,
+        )
+        scheduler = sim.scheduler  # the next wave runs on the same (warm) prefix cache
+        for r in wave:
+            outputs[r.request_id] = sim.outputs[r.request_id]
+            result.requests.append(
+                RequestRecord(r.request_id, len(r.prompt_token_ids), sim.cached_per_request[r.request_id],
+                              sim.outputs[r.request_id], wave=wave_index)
+            )
+        result.steps += sim.steps
+        result.peak_blocks = max(result.peak_blocks, sim.peak_blocks)
+        weighted_blocks += sim.mean_blocks * sim.steps
+        wave_index += 1
+    result.mean_blocks = weighted_blocks / max(result.steps, 1)
+    return result
