@@ -2,7 +2,7 @@
 # On the GPU host (after ../shared/device's setup): kernel tests, the kernel micro-benchmark
 # and the GPU end-to-end runs of the three tiny models. Results go to $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 TINY_MODEL_ROOT=/tmp/tiny_models
+export PYTHONUNBUFFERED=1 TINY_MODEL_ROOT=/tmp/tiny_models VLLM_WORKER_MULTIPROC_METHOD=spawn
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt
 python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__)" >> $OUT/gpu.txt
 python3 -m pytest tests/kernels -q -p no:cacheprovider 2>&1 | tail -5 | tee $OUT/kernel_tests.txt

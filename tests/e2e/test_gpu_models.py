@@ -59,7 +59,7 @@ def run_combo(arch: str, model: str, eager: bool, mode: str) -> dict:
     finally:
         os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "0"
         gc.collect()
-        torch.cuda.empty_cache()
+
     result.update(arch=arch, eager=eager, seconds_total=time.perf_counter() - start)
     return result
 
@@ -72,20 +72,34 @@ def cached(result: dict) -> list[int]:
     return [r["cached_tokens"] for w in result["waves"] for r in w["requests"]]
 
 
-def run_all(model_root: str, archs=ARCHS) -> list[dict]:
+def default_plan(archs=ARCHS) -> list[tuple[str, bool, str]]:
+    """Eager first for every model (cheapest), then CUDA graphs, then the align baseline."""
+    plan = [(arch, True, mode) for arch in archs for mode in ("lighter", "none")]
+    plan += [(arch, False, mode) for arch in archs for mode in ("lighter", "none")]
+    return plan + [(arch, True, "align") for arch in archs]
+
+
+def run_all(model_root: str, archs=ARCHS, plan=None, out_path: str | None = None) -> list[dict]:
+    """Run the plan; with ``out_path`` the results so far are rewritten after every engine."""
     from vllm_lighter_mamba.patch import apply_all_patches
     from vllm_lighter_mamba.testing.tiny_models import build_tiny_model
 
     apply_all_patches()
     results = []
-    for arch in archs:
-        model = str(build_tiny_model(arch, os.path.join(model_root, arch)))
-        for eager in (True, False):
-            modes = ("none", "align", "lighter") if eager else ("none", "lighter")
-            for mode in modes:
-                results.append(run_combo(arch, model, eager, mode))
-                print(json.dumps({k: results[-1].get(k) for k in ("arch", "eager", "mode", "error")}),
-                      flush=True)
+    models: dict[str, str] = {}
+    for arch, eager, mode in plan or default_plan(archs):
+        if arch not in models:
+            models[arch] = str(build_tiny_model(arch, os.path.join(model_root, arch)))
+        results.append(run_combo(arch, models[arch], eager, mode))
+        r = results[-1]
+        brief = {k: r.get(k) for k in ("arch", "eager", "mode", "error", "block_size", "seconds_total")}
+        if not r["error"]:
+            brief["cached"] = cached(r)
+            brief["tokens_hash"] = hash(str(tokens(r)))
+        print(json.dumps(brief), flush=True)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(results, f)
     return results
 
 
@@ -103,12 +117,12 @@ def test_gpu_model(arch, tmp_path):
 
 if __name__ == "__main__":
     out = sys.argv[1]
-    all_results = run_all(os.environ.get("TINY_MODEL_ROOT", "/tmp/tiny_models"))
-    with open(out, "w") as f:
-        json.dump(all_results, f)
+    all_results = run_all(os.environ.get("TINY_MODEL_ROOT", "/tmp/tiny_models"), out_path=out)
     for eager in (True, False):
         for arch in ARCHS:
             rows = {r["mode"]: r for r in all_results if r["arch"] == arch and r["eager"] == eager}
+            if "lighter" not in rows or "none" not in rows:
+                continue
             if any(r["error"] for r in rows.values()):
                 print(arch, "eager" if eager else "graphs", {m: r["error"] for m, r in rows.items()})
                 continue
