@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sim-num-blocks", type=int, default=20_000)
     parser.add_argument("--output-json")
     parser.add_argument("--plot")
-    parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-mode", action="store_true", help=argparse.SUPPRESS)
     parser = EngineArgs.add_cli_args(parser)
     # EngineArgs' --mamba-cache-mode, widened: none = prefix caching off, all/align = vLLM's
     # modes, lighter = VLLM_USE_LIGHTER_MAMBA_CACHE=1.
@@ -130,7 +130,7 @@ def run_engine_mode(argv: list[str], mode: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "mode.json")
         command = [sys.executable, os.path.abspath(__file__), *strip_parent_flags(argv),
-                   "--_worker", "--mamba-cache-mode", mode, "--output-json", out]
+                   "--worker-mode", "--mamba-cache-mode", mode, "--output-json", out]
         subprocess.run(command, env=env, check=True)
         with open(out) as f:
             return json.load(f)
@@ -244,7 +244,7 @@ def plot(summaries: list[dict], path: str) -> None:
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if args._worker:
+    if args.worker_mode:
         worker(args)
         return
     modes = modes_of(args)
