@@ -120,7 +120,8 @@ if __name__ == "__main__":
     out = sys.argv[1]
     plan = None
     if os.environ.get("GPU_E2E_PLAN"):  # e.g. "jamba:eager:lighter,jamba:graphs:none"
-        plan = [(a, e == "eager", m) for a, e, m in (x.split(":") for x in os.environ["GPU_E2E_PLAN"].split(","))]
+        steps = (x.split(":") for x in os.environ["GPU_E2E_PLAN"].split(","))
+        plan = [(arch, kind == "eager", mode) for arch, kind, mode in steps]
     all_results = run_all(os.environ.get("TINY_MODEL_ROOT", "/tmp/tiny_models"), plan=plan, out_path=out)
     for eager in (True, False):
         for arch in ARCHS:

@@ -1,0 +1,76 @@
+"""`VLLM_USE_LIGHTER_MAMBA_CACHE=1 vllm serve` as an operator runs it: completions and chat
+completions through the openai client, cached tokens in the usage, and vLLM's prefix-cache
+counters on /metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, metrics, serve
+
+from .helpers import shared_text
+
+pytestmark = pytest.mark.engine
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+SYSTEM = shared_text(9, 900)
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_next_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    template = tmp / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    args = cpu_serve_args() + [
+        "--enable-prompt-tokens-details",
+        "--max-num-batched-tokens", "1024",
+        "--max-model-len", "4096",
+        "--chat-template", str(template),
+    ]
+    with serve(qwen3_next_dir, args, lighter=True, log_path=str(tmp / "server.log")) as base_url:
+        yield base_url, qwen3_next_dir, tmp / "server.log"
+
+
+def cached_tokens(usage) -> int:
+    details = usage.prompt_tokens_details
+    return (details.cached_tokens if details else 0) or 0
+
+
+def test_completions_first_follower_hits(server):
+    from openai import OpenAI
+
+    base_url, model, log = server
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
+    before = metrics(base_url)
+    usages = [
+        client.completions.create(model=model, prompt=SYSTEM + f" question {i}?", max_tokens=4,
+                                  temperature=0.0).usage
+        for i in range(3)
+    ]
+    assert cached_tokens(usages[0]) == 0
+    # The first follower of the request that computed the prefix is served from the cache.
+    assert cached_tokens(usages[1]) > 0 and cached_tokens(usages[2]) > 0
+    after = metrics(base_url)
+    def rise(name: str) -> float:
+        return metric_total(after, name) - metric_total(before, name)
+
+    hits, queries = rise("vllm:prefix_cache_hits_total"), rise("vllm:prefix_cache_queries_total")
+    assert queries >= sum(u.prompt_tokens for u in usages)
+    assert hits >= cached_tokens(usages[1]) + cached_tokens(usages[2])
+    assert "lighter Mamba cache on" in log.read_text()
+
+
+def test_chat_completions_hit(server):
+    from openai import OpenAI
+
+    base_url, model, _ = server
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
+    messages = [{"role": "system", "content": SYSTEM + " (chat)"}]
+    first = client.chat.completions.create(
+        model=model, messages=messages + [{"role": "user", "content": "one"}], max_tokens=4, temperature=0.0
+    )
+    second = client.chat.completions.create(
+        model=model, messages=messages + [{"role": "user", "content": "two"}], max_tokens=4, temperature=0.0
+    )
+    assert first.choices[0].message.content is not None
+    assert cached_tokens(second.usage) > 0
