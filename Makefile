@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 
-.PHONY: install demo test test-fast test-stress lint
+.PHONY: install demo test lint
 install:
 	bash scripts/install.sh
 
@@ -16,6 +16,3 @@ lint: install
 test: install lint
 	$(PY) -m pytest tests -m "not stress" --ignore=tests/kernels -q
 	TRITON_INTERPRET=1 $(PY) -m pytest tests/kernels -q
-
-test-stress: install
-	$(PY) -m pytest tests -m stress -q

@@ -116,8 +116,10 @@ def worker(args) -> None:
     from vllm_lighter_mamba.bench.runners import run_engine
 
     mode = args.mamba_cache_mode
+    # Only what the user set (LLM has its own defaults), plus what the mode pins.
+    pinned = {"disable_log_stats", "enable_prefix_caching", "mamba_cache_mode"}
     llm = LLM(**{k: v for k, v in engine_kwargs(args, mode).items()
-                 if v != getattr(EngineArgs, k, object())})
+                 if k in pinned or v != getattr(EngineArgs, k, object())})
     results = [run_engine(llm, mode, name, source).to_json() for name, source in sources(args)]
     block_size = llm.llm_engine.vllm_config.cache_config.block_size
     with open(args.output_json, "w") as f:

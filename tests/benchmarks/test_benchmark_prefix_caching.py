@@ -1,0 +1,78 @@
+"""benchmarks/benchmark_prefix_caching.py as a user runs it: engine mode for two modes on the
+tiny Qwen3-Next, then --simulate on the same workload reproduces the engine's hit rate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_prefix_caching.py"
+WORKLOAD = ["--workload", "shared-prefix,multi-turn", "--num-prompts", "4", "--prefix-len", "600",
+            "--input-length-range", "16:48", "--output-len", "4", "--num-turns", "2", "--repeat-count", "1",
+            "--max-model-len", "4096", "--max-num-batched-tokens", "1024"]
+REQUIRED = {"mode", "workload", "hit_rate", "cached_tokens", "prompt_tokens"}
+
+
+def run(args: list[str], tmp_path: Path, name: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--output-json", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "| workload | mode |" in proc.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.engine
+def test_engine_two_modes_then_simulate_reproduces_hit_rate(qwen3_next_dir, tmp_path):
+    engine = run(["--model", qwen3_next_dir, "--dtype", "bfloat16", "--mamba-ssm-cache-dtype", "float32",
+                  "--enforce-eager", "--compare", "none,lighter", "--plot", str(tmp_path / "p.png"),
+                  *WORKLOAD], tmp_path, "engine")
+    rows = {(r["mode"], r["workload"]): r for r in engine["results"]}
+    assert set(rows) == {(m, w) for m in ("none", "lighter") for w in ("shared-prefix", "multi-turn")}
+    for row in rows.values():
+        assert REQUIRED <= set(row) and row["ttft_p50_s"] is not None and row["wall_s"] > 0
+        assert row["output_agreement"] == 1.0
+    assert rows[("none", "shared-prefix")]["hit_rate"] == 0.0
+    assert rows[("lighter", "shared-prefix")]["hit_rate"] > 0.5
+    assert (tmp_path / "p.png").stat().st_size > 0
+    # Per request: the first follower of the prefix is served from the cache.
+    first_follower = engine["requests"]["lighter/shared-prefix"][1]
+    assert first_follower["cached_tokens"] > 0
+
+    sim = run(["--simulate", "--model", qwen3_next_dir, "--compare", "none,lighter",
+               "--sim-block-size", str(engine["block_size"]), *WORKLOAD], tmp_path, "sim")
+    sim_rows = {(r["mode"], r["workload"]): r for r in sim["results"]}
+    for key, row in rows.items():
+        assert sim_rows[key]["cached_tokens"] == row["cached_tokens"], key
+        assert sim_rows[key]["prompt_tokens"] == row["prompt_tokens"], key
+        assert "peak_blocks" in sim_rows[key]
+
+
+def test_simulate_compares_modes_on_every_workload(qwen3_next_dir, tmp_path):
+    report = run(["--simulate", "--model", qwen3_next_dir, "--compare", "none,align,lighter",
+                  "--workload", "repeat,shared-prefix,divergent,multi-turn,few-shot", "--num-prompts", "12",
+                  "--prefix-len", "300", "--sim-block-size", "64", "--plot", str(tmp_path / "s.png")],
+                 tmp_path, "all")
+    rows = {(r["mode"], r["workload"]): r for r in report["results"]}
+    assert len(rows) == 15
+    for workload in ("repeat", "shared-prefix", "divergent", "multi-turn", "few-shot"):
+        assert rows[("none", workload)]["hit_rate"] == 0.0
+        assert rows[("lighter", workload)]["hit_rate"] >= rows[("align", workload)]["hit_rate"] > 0.0
+        assert rows[("lighter", workload)]["output_agreement"] == 1.0
+
+
+def test_trace_replay(qwen3_next_dir, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    prefix = list(range(1, 200))
+    lines = [{"arrival": 0, "prompt_token_ids": prefix + [7], "output_len": 3},
+             {"arrival": 1, "prompt_token_ids": prefix + [8, 9], "output_len": 3},
+             {"arrival": 1, "prompt_token_ids": prefix + [10], "output_len": 3}]
+    trace.write_text("\n".join(json.dumps(x) for x in lines))
+    report = run(["--simulate", "--model", qwen3_next_dir, "--trace", str(trace), "--compare", "lighter",
+                  "--sim-block-size", "64"], tmp_path, "trace")
+    (row,) = report["results"]
+    assert row["workload"] == "trace" and row["cached_tokens"] == 2 * 192
