@@ -12,7 +12,9 @@ demo: install
 lint: install
 	$(PY) -m ruff check .
 
-# Unit, core (scheduler/manager), kernel, CPU end-to-end, server and benchmark tests.
+# Unit, core (scheduler/manager), kernel, CPU end-to-end, server and benchmark tests, then the
+# stress run against `vllm serve` as its own step (LIGHTER_MAMBA_STRESS_SECONDS, default 600).
 test: install lint
 	$(PY) -m pytest tests -m "not stress" --ignore=tests/kernels -q
 	TRITON_INTERPRET=1 $(PY) -m pytest tests/kernels -q
+	$(PY) -m pytest tests/e2e/test_stress.py -m stress -q -s
