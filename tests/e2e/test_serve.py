@@ -4,6 +4,8 @@ counters on /metrics."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, metrics, serve
@@ -58,6 +60,27 @@ def test_completions_first_follower_hits(server):
     assert queries >= sum(u.prompt_tokens for u in usages)
     assert hits >= cached_tokens(usages[1]) + cached_tokens(usages[2])
     assert "lighter Mamba cache on" in log.read_text()
+
+
+def test_lighter_counters_on_metrics(server):
+    """The engine core publishes about once a second; the front end reads it on the next step."""
+    from openai import OpenAI
+
+    base_url, model, _ = server
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
+    deadline = time.monotonic() + 30
+    values: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        client.completions.create(model=model, prompt=SYSTEM + " metrics?", max_tokens=2, temperature=0.0)
+        values = metrics(base_url)
+        if metric_total(values, "vllm:lighter_mamba_state_hits_total") > 0:
+            break
+        time.sleep(1.0)
+    assert metric_total(values, "vllm:lighter_mamba_state_hits_total") > 0
+    assert metric_total(values, "vllm:lighter_mamba_state_hit_tokens_total") > 0
+    assert metric_total(values, "vllm:lighter_mamba_states_cached_total") > 0
+    for name in ("states_evicted", "lost_hit_tokens"):
+        assert any(k.startswith(f"vllm:lighter_mamba_{name}_total") for k in values), name
 
 
 def test_chat_completions_hit(server):

@@ -48,6 +48,20 @@ Engine core
     How: wrapped (vLLM re-registers its built-ins at engine start, so the lookup is
     the stable place to substitute).
 
+``patch_block_pool`` -> ``vllm.v1.core.block_pool.BlockPool._remove_cached_block_hashes``
+    What: count evicted hashes of Mamba groups (``vllm:lighter_mamba_states_evicted``).
+    Why: evictions happen in the shared pool, outside our manager.
+    How: wrapped; upstream's result is returned unchanged.
+
+Front end (serving)
+-------------------
+``patch_async_llm`` -> ``vllm.v1.engine.async_llm.load_stat_logger_plugin_factories``
+    What: adds ``LighterMambaStatLogger`` (Prometheus counters ``vllm:lighter_mamba_*`` and
+    a periodic log line) to the stat loggers.
+    Why: a ``vllm.stat_logger_plugins`` entry point would switch stats logging on for every
+    vLLM user of the environment, variable on or off.
+    How: wrapped; only while the variable is on.
+
 Workers
 -------
 ``patch_gdn_attn`` / ``patch_mamba_attn`` / ``patch_linear_attn`` -> the module-level
@@ -67,6 +81,8 @@ from __future__ import annotations
 
 from vllm_lighter_mamba.patch import (
     patch_arg_utils,
+    patch_async_llm,
+    patch_block_pool,
     patch_gdn_attn,
     patch_gpu_model_runner,
     patch_kv_cache_interface,
@@ -85,6 +101,8 @@ PATCH_MODULES = (
     patch_kv_cache_interface,
     patch_scheduler_config,
     patch_kv_cache_spec_registry,
+    patch_block_pool,
+    patch_async_llm,
     patch_gdn_attn,
     patch_mamba_attn,
     patch_linear_attn,

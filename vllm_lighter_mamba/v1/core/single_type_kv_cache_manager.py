@@ -24,6 +24,8 @@ from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
+from vllm_lighter_mamba.v1.metrics.counters import COUNTERS, MAMBA_GROUP_IDS
+
 
 def running_position(num_tokens: int, block_size: int) -> int:
     """Position of the block that holds the state after ``num_tokens`` tokens."""
@@ -54,6 +56,30 @@ class LighterMambaManager(MambaManager):
         self._last_end: dict[str, int] = {}
         # Blocks taken out of their position but still read by an in-flight copy.
         self._detached: dict[str, list[tuple[int, KVCacheBlock]]] = {}
+        MAMBA_GROUP_IDS.add(self.kv_cache_group_id)
+
+    # --- hits and caching (vLLM's logic; counted for the metrics) ---------------------
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        super().add_local_computed_blocks(
+            request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+        )
+        if any(not block.is_null for block in new_computed_blocks):
+            COUNTERS.state_hits += 1
+            COUNTERS.state_hit_tokens += num_local_computed_tokens
+
+    def cache_blocks(self, request, num_tokens: int, retention_interval: int | None = None) -> None:
+        before = self.num_cached_block.get(request.request_id, 0)
+        super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
+        after = self.num_cached_block.get(request.request_id, 0)
+        blocks = self.req_to_blocks[request.request_id][before:after]
+        COUNTERS.states_cached += sum(1 for b in blocks if not b.is_null and b.block_hash is not None)
 
     # --- allocation -------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 from vllm.v1.request import Request
 
 from vllm_lighter_mamba.v1.core.sched.policy import block_aligned_chunk_len
+from vllm_lighter_mamba.v1.metrics.counters import COUNTERS, publish
 
 
 class LighterMambaSchedulerMixin:
@@ -28,6 +29,12 @@ class LighterMambaSchedulerMixin:
             # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
             self.mamba_partial_cache_hit = False
 
+    def schedule(self, *args: Any, **kwargs: Any):
+        output = super().schedule(*args, **kwargs)
+        if self.lighter_mamba_active:
+            publish(self.vllm_config.parallel_config.data_parallel_rank)
+        return output
+
     def _mamba_block_aligned_split(
         self,
         request: Request,
@@ -40,6 +47,10 @@ class LighterMambaSchedulerMixin:
             + num_new_local_computed_tokens
             + num_external_computed_tokens
         )
+        if request.num_computed_tokens == 0 and request.num_preemptions == 0:
+            # First admission: vLLM reports where the attention groups' hit ran past the
+            # Mamba state hit; those tokens are recomputed ("lost hits").
+            COUNTERS.lost_hit_tokens += max(request.shared_prefix_boundary - start, 0)
         return block_aligned_chunk_len(
             start=start,
             num_new_tokens=num_new_tokens,
