@@ -82,3 +82,37 @@ def test_non_hybrid_model_is_untouched(llama_dir, caplog):
     assert ours.cache_config.mamba_cache_mode == stock.cache_config.mamba_cache_mode == "none"
     assert "lighter Mamba cache on" not in caplog.text
     assert "has no Mamba-type layers: the lighter Mamba cache changes nothing" in caplog.text
+
+
+def test_unsupported_options_each_get_one_line():
+    from types import SimpleNamespace as NS
+
+    from vllm_lighter_mamba.config import config_conflicts
+
+    def fake(**overrides):
+        config = NS(
+            cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True),
+            scheduler_config=NS(enable_chunked_prefill=True),
+            parallel_config=NS(pipeline_parallel_size=1),
+            speculative_config=None,
+            kv_transfer_config=None,
+        )
+        for path, value in overrides.items():
+            section, _, field = path.partition("__")
+            if field:
+                setattr(getattr(config, section), field, value)
+            else:
+                setattr(config, section, value)
+        return config
+
+    assert config_conflicts(fake()) == []
+    cases = {
+        "pipeline parallelism": {"parallel_config__pipeline_parallel_size": 2},
+        "speculative decoding": {"speculative_config": object()},
+        "KV connectors": {"kv_transfer_config": object()},
+        "chunked prefill is disabled": {"scheduler_config__enable_chunked_prefill": False},
+        "--mamba-cache-mode all": {"cache_config__mamba_cache_mode": "all"},
+    }
+    for phrase, overrides in cases.items():
+        problems = config_conflicts(fake(**overrides))
+        assert len(problems) == 1 and phrase in problems[0], (phrase, problems)
