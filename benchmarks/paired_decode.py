@@ -1,0 +1,71 @@
+"""Paired decode-throughput comparison in one process (not a test).
+
+Two engines live in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the lighter cache and a
+baseline mode. Their ``generate`` calls alternate A B A B, so both see the same machine load, and
+the script reports each round's decode rate and the per-round ratio. The variable is switched
+before each engine's calls: the patches read it at call time.
+
+    python benchmarks/paired_decode.py --model DIR [--baseline align|none] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--baseline", choices=("align", "none"), default="align")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=300)
+    parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument("--cpu", action="store_true", help="CPU settings (bf16, fp32 states, eager)")
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1"
+    from vllm import LLM, SamplingParams
+
+    from vllm_lighter_mamba.patch import apply_all_patches
+
+    apply_all_patches()
+    common = {"model": args.model, "seed": 0, "max_model_len": 4096}
+    if args.cpu:
+        common.update(dtype="bfloat16", mamba_ssm_cache_dtype="float32", enforce_eager=True)
+    engines = {}
+    os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1"
+    engines["lighter"] = LLM(**common)
+    os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "0"
+    baseline = {"enable_prefix_caching": args.baseline == "align"}
+    if args.baseline == "align":
+        baseline["mamba_cache_mode"] = "align"
+    engines[args.baseline] = LLM(**common, **baseline)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    for round_index in range(args.rounds + 1):
+        for name, llm in engines.items():
+            os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if name == "lighter" else "0"
+            # Fresh prompts each round: no prefix hits, so both modes run the same work.
+            prompts = [{"prompt_token_ids": [(7 * i + 13 * round_index + j) % 250 + 1
+                                             for j in range(args.prompt_len)]}
+                       for i in range(args.num_prompts)]
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            if round_index > 0:  # round 0 warms up (numba, caches)
+                rates[name].append(tokens / seconds)
+    ratios = [a / b for a, b in zip(rates["lighter"], rates[args.baseline], strict=True)]
+    for name, values in rates.items():
+        print(f"{name}: output tok/s per round {[round(v, 1) for v in values]}, "
+              f"median {statistics.median(values):.1f}")
+    print(f"lighter / {args.baseline} per round: {[round(r, 3) for r in ratios]}, "
+          f"median {statistics.median(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()
