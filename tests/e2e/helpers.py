@@ -41,4 +41,5 @@ def run_mode(mode: str, model: str, waves: list[list[str]], engine: dict, max_to
 
 def shared_text(seed: int, length: int) -> str:
     """Deterministic text; the byte-level tokenizer makes one token per character."""
-    return "".join(chr(97 + (i * 7 + seed * 13 + (i // 5)) % 26) for i in range(length))
+    # seed * 5 is distinct modulo 26 for seeds 0..25: different seeds share no prefix.
+    return "".join(chr(97 + (i * 7 + seed * 5 + (i // 5)) % 26) for i in range(length))

@@ -39,6 +39,20 @@ def test_greedy_outputs_equal_prefix_caching_off(results):
     assert all(len(r["token_ids"]) == 12 for r in lighter)
 
 
+def test_baseline_align_hits_on_the_second_wave(results):
+    assert sum(r["cached_tokens"] for r in results["align"]["waves"][1]["requests"]) > 0
+
+
+def test_same_step_siblings_compute_then_serve_followers(results):
+    block_size = results["lighter"]["block_size"]
+    first, second = results["lighter"]["waves"][2]["requests"]
+    # Prefix C is new. The sibling admitted in the same step cannot use states written in
+    # that step; it waits a step (vLLM's rule) and may then hit what the first computed.
+    assert first["cached_tokens"] == 0
+    assert second["cached_tokens"] % block_size == 0 and second["cached_tokens"] < second["prompt_tokens"]
+    assert results["lighter"]["waves"][3]["requests"][1]["cached_tokens"] > 0
+
+
 def test_baseline_align_agrees_with_off(results):
     assert [r["token_ids"] for r in _requests(results["align"])] == [
         r["token_ids"] for r in _requests(results["none"])
