@@ -24,35 +24,43 @@ EOS_TOKEN_ID = 256
 LM_HEAD_SCALE = 8.0
 
 
-def _qwen3_next_config():
+def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_heads: int,
+                experts: int, moe_size: int, **sizes):
+    """Qwen3-Next with its 3:1 pattern of GatedDeltaNet to full attention. vLLM's Qwen3-Next
+    needs at least one MoE layer: the last layer is sparse, the others dense."""
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
+        hidden_size=hidden,
+        num_hidden_layers=num_layers,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)],
+        num_attention_heads=heads,
+        head_dim=head_dim,
         linear_conv_kernel_dim=4,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        # vLLM's Qwen3-Next needs at least one MoE layer: layer 3 is sparse.
+        linear_key_head_dim=head_dim,
+        linear_value_head_dim=head_dim,
+        linear_num_key_heads=linear_heads // 2,
+        linear_num_value_heads=linear_heads,
         decoder_sparse_step=1,
-        mlp_only_layers=[0, 1, 2],
-        num_experts=4,
+        mlp_only_layers=list(range(num_layers - 1)),
+        num_experts=experts,
         num_experts_per_tok=2,
-        moe_intermediate_size=64,
-        shared_expert_intermediate_size=64,
-        max_position_embeddings=8192,
+        moe_intermediate_size=moe_size,
+        shared_expert_intermediate_size=moe_size,
         tie_word_embeddings=False,
         eos_token_id=EOS_TOKEN_ID,
         bos_token_id=EOS_TOKEN_ID,
         pad_token_id=EOS_TOKEN_ID,
+        **sizes,
+    )
+
+
+def _qwen3_next_config():
+    """3 GDN layers + 1 attention layer (with the MoE), hidden 128."""
+    return _qwen3_next(
+        num_layers=4, hidden=128, heads=4, head_dim=32, linear_heads=4, experts=4, moe_size=64,
+        intermediate_size=256, num_key_value_heads=2, max_position_embeddings=8192,
     )
 
 
@@ -112,35 +120,9 @@ def _jamba_config():
 
 def _qwen3_next_1b_config():
     """About 1B parameters: realistic per-step costs for prefill timing (GPU benchmarks)."""
-    from transformers import Qwen3NextConfig
-
-    num_layers = 24
-    return Qwen3NextConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=num_layers,
-        # Qwen3-Next's 3:1 pattern of GatedDeltaNet to full attention.
-        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)],
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=128,
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_num_key_heads=8,
-        linear_num_value_heads=16,
-        decoder_sparse_step=1,
-        mlp_only_layers=list(range(num_layers - 1)),  # vLLM needs one MoE layer: the last
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=1024,
-        shared_expert_intermediate_size=1024,
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_TOKEN_ID,
-        bos_token_id=EOS_TOKEN_ID,
-        pad_token_id=EOS_TOKEN_ID,
+    return _qwen3_next(
+        num_layers=24, hidden=2048, heads=16, head_dim=128, linear_heads=16, experts=8, moe_size=1024,
+        intermediate_size=5632, num_key_value_heads=2, max_position_embeddings=32768,
     )
 
 
