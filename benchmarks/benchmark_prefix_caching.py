@@ -45,6 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sim-block-size", type=int, default=None,
                         help="--simulate: block size (default: --block-size, else 256)")
     parser.add_argument("--sim-num-blocks", type=int, default=20_000)
+    parser.add_argument("--results-dir", help="engine mode: keep each mode's raw results in DIR/<mode>.json "
+                        "and reuse them instead of re-running that mode (long engine starts)")
+    parser.add_argument("--show-requests", action="store_true",
+                        help="also print one row per request: wave, cached and lost-hit tokens, TTFT")
     parser.add_argument("--output-json")
     parser.add_argument("--plot")
     parser.add_argument("--worker-mode", action="store_true", help=argparse.SUPPRESS)
@@ -138,9 +142,30 @@ def run_engine_mode(argv: list[str], mode: str) -> dict:
             return json.load(f)
 
 
+def run_engine_mode_cached(argv: list[str], mode: str, results_dir: str | None) -> dict:
+    """``run_engine_mode``, or its saved results from an earlier run with the same flags."""
+    if not results_dir:
+        return run_engine_mode(argv, mode)
+    path = os.path.join(results_dir, f"{mode}.json")
+    flags = strip_parent_flags(argv)
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("argv") == flags:
+            print(f"# {mode}: results from {path}")
+            return saved
+        print(f"# {mode}: {path} came from other flags; running again")
+    run = run_engine_mode(argv, mode)
+    os.makedirs(results_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({**run, "argv": flags}, f)
+    return run
+
+
 def strip_parent_flags(argv: list[str]) -> list[str]:
     """The parent's flags minus those the worker gets anew."""
-    drop_with_value = {"--compare", "--mamba-cache-mode", "--output-json", "--plot"}
+    # (--show-requests has no value and only affects the parent's printing: harmless.)
+    drop_with_value = {"--compare", "--mamba-cache-mode", "--output-json", "--plot", "--results-dir"}
     kept, skip = [], False
     for arg in argv:
         if skip:
@@ -200,8 +225,8 @@ def add_agreement(results: list[dict]) -> None:
 def print_table(summaries: list[dict]) -> None:
     columns = ["workload", "mode", "hit_rate", "cached_tokens", "prompt_tokens", "wall_s", "ttft_p50_s",
                "ttft_p99_s", "output_tok_s", "decode_tok_s", "peak_blocks", "mean_blocks", "steps",
-               "output_agreement", "hit_rate_ratio", "ttft_p50_s_ratio", "decode_tok_s_ratio",
-               "peak_blocks_ratio"]
+               "lost_hit_tokens", "output_agreement", "hit_rate_ratio", "ttft_p50_s_ratio",
+               "decode_tok_s_ratio", "peak_blocks_ratio"]
     columns = [c for c in columns if any(s.get(c) is not None for s in summaries)]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
@@ -211,6 +236,20 @@ def print_table(summaries: list[dict]) -> None:
             v = s.get(c)
             cells.append("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
         print("| " + " | ".join(cells) + " |")
+
+
+def print_requests(results: list[dict]) -> None:
+    """Per request, so a miss can be traced to its request: which wave, how much was cached
+    and (--simulate) how much the attention KV had but no Mamba state covered."""
+    print("| mode | workload | wave | request | prompt_tokens | cached_tokens | lost_hit_tokens | ttft_s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        s = r["summary"]
+        for q in r["requests"]:
+            lost = "" if q.get("lost_hit_tokens") is None else q["lost_hit_tokens"]
+            ttft = "" if q.get("ttft_s") is None else f"{q['ttft_s']:.4g}"
+            print(f"| {s['mode']} | {s['workload']} | {q['wave']} | {q['request_id']} | {q['prompt_tokens']} "
+                  f"| {q['cached_tokens']} | {lost} | {ttft} |")
 
 
 def cell(summaries: list[dict], workload: str, mode: str, key: str) -> float:
@@ -256,7 +295,7 @@ def main(argv=None) -> None:
     else:
         results, block_size = [], None
         for mode in modes:
-            run = run_engine_mode(argv, mode)
+            run = run_engine_mode_cached(argv, mode, args.results_dir)
             block_size = run["block_size"]
             results.extend(run["results"])
     add_agreement(results)
@@ -264,6 +303,8 @@ def main(argv=None) -> None:
     add_ratios(summaries)
     print(f"# block size {block_size}; {'simulated' if args.simulate else 'engine'}; modes {modes}")
     print_table(summaries)
+    if args.show_requests:
+        print_requests(results)
     if args.output_json:
         with open(args.output_json, "w") as f:
             # Per request: hits and timings; the generated tokens only served the agreement check.

@@ -2,7 +2,7 @@
 
 GPU: one Triton launch (state indices + copy pairs) vs vLLM 0.26's align-mode
 ``mamba_get_block_table_tensor`` (arange + add + cast + gather), eager and replayed in a
-CUDA graph. CPU: numba vs the torch reference.
+CUDA graph, and the GPU time of the kernels alone (profiler). CPU: numba vs the torch reference.
 
     python benchmarks/benchmark_state_indices.py [--batches 8,256,1024,4096] [--json OUT]
 """
@@ -63,6 +63,25 @@ def time_gpu(fn, iters: int = 2000, graph: bool = False) -> float:
     return start.elapsed_time(end) * 1000.0 / iters
 
 
+def gpu_kernel_us(fn, iters: int = 200) -> float:
+    """GPU time of the kernels one call launches (sum of their durations, mean per call),
+    from the profiler: what the call costs the GPU, without the host's launch overhead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    total = sum(e.device_time_total for e in kernels)
+    return total / iters
+
+
 def time_cpu(fn, iters: int = 300) -> float:
     for _ in range(5):
         fn()
@@ -96,6 +115,8 @@ def main() -> None:
                 "upstream_eager_us": time_gpu(theirs),
                 "ours_graph_us": time_gpu(ours, graph=True),
                 "upstream_graph_us": time_gpu(theirs, graph=True),
+                "ours_kernel_us": gpu_kernel_us(ours),
+                "upstream_kernel_us": gpu_kernel_us(theirs),
             }
             row["speedup_eager"] = row["upstream_eager_us"] / row["ours_eager_us"]
             row["speedup_graph"] = row["upstream_graph_us"] / row["ours_graph_us"]

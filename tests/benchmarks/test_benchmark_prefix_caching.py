@@ -76,3 +76,22 @@ def test_trace_replay(qwen3_next_dir, tmp_path):
                   "--sim-block-size", "64"], tmp_path, "trace")
     (row,) = report["results"]
     assert row["workload"] == "trace" and row["cached_tokens"] == 2 * 192
+
+
+def test_first_follower_anomaly_per_request(qwen3_next_dir, tmp_path):
+    """Issue 8's baseline anomaly, shown per request: a 900-token shared prefix at block 256
+    whose first prompt's unique tail (200-300 tokens) puts that prompt's last block boundary
+    (1024) past the prefix. Align caches a state only where a chunk ends, so no state covers
+    the shared 768 tokens: the first follower recomputes them (its attention KV hit is lost),
+    and only its junction stop serves the next followers. The lighter cache's cold-prompt
+    checkpoint (one block before 1024) serves the first follower too."""
+    report = run(["--simulate", "--model", qwen3_next_dir, "--compare", "align,lighter",
+                  "--workload", "shared-prefix", "--num-prompts", "4", "--prefix-len", "900",
+                  "--input-length-range", "200:300", "--output-len", "4", "--repeat-count", "1",
+                  "--sim-block-size", "256", "--show-requests"], tmp_path, "anomaly")
+    per = {mode: {q["request_id"]: q for q in report["requests"][f"{mode}/shared-prefix"]}
+           for mode in ("align", "lighter")}
+    assert (per["align"]["p1"]["cached_tokens"], per["align"]["p1"]["lost_hit_tokens"]) == (0, 768)
+    assert [per["align"][f"p{i}"]["cached_tokens"] for i in (2, 3)] == [768, 768]
+    assert [per["lighter"][f"p{i}"]["cached_tokens"] for i in (1, 2, 3)] == [768, 768, 768]
+    assert all(q["lost_hit_tokens"] == 0 for q in per["lighter"].values())

@@ -44,10 +44,13 @@ def test_completions_first_follower_hits(server):
     base_url, model, log = server
     client = OpenAI(base_url=base_url + "/v1", api_key="unused")
     before = metrics(base_url)
+    # The first prompt's unique tail (300 tokens) puts its last block boundary past the
+    # shared 900 tokens, the case where upstream align serves the first follower nothing
+    # (issue 8): only a state left at a cold-prompt checkpoint can serve it.
+    prompts = [SYSTEM + " " + shared_text(3, 300)] + [SYSTEM + f" question {i}?" for i in (1, 2)]
     usages = [
-        client.completions.create(model=model, prompt=SYSTEM + f" question {i}?", max_tokens=4,
-                                  temperature=0.0).usage
-        for i in range(3)
+        client.completions.create(model=model, prompt=p, max_tokens=4, temperature=0.0).usage
+        for p in prompts
     ]
     assert cached_tokens(usages[0]) == 0
     # The first follower of the request that computed the prefix is served from the cache.

@@ -20,6 +20,9 @@ class RequestRecord:
     ttft_s: float | None = None
     decode_tok_s: float | None = None
     wave: int = 0
+    # --simulate only: prompt tokens the attention KV could have served but no cached Mamba
+    # state did (a shared prefix whose junction state was never computed).
+    lost_hit_tokens: int | None = None
 
 
 @dataclass
@@ -55,7 +58,8 @@ class ModeResult:
                 decode_tok_s=statistics.mean(decode) if decode else None,
             )
         if self.peak_blocks is not None:
-            out.update(peak_blocks=self.peak_blocks, mean_blocks=self.mean_blocks, steps=self.steps)
+            out.update(peak_blocks=self.peak_blocks, mean_blocks=self.mean_blocks, steps=self.steps,
+                       lost_hit_tokens=sum(r.lost_hit_tokens or 0 for r in self.requests))
         return out
 
     def to_json(self) -> dict:
@@ -126,7 +130,8 @@ def run_simulated(
             outputs[r.request_id] = sim.outputs[r.request_id]
             result.requests.append(
                 RequestRecord(r.request_id, len(r.prompt_token_ids), sim.cached_per_request[r.request_id],
-                              sim.outputs[r.request_id], wave=wave_index)
+                              sim.outputs[r.request_id], wave=wave_index,
+                              lost_hit_tokens=sim.lost_per_request[r.request_id])
             )
         result.steps += sim.steps
         result.peak_blocks = max(result.peak_blocks, sim.peak_blocks)

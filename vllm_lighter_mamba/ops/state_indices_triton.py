@@ -11,7 +11,10 @@ from vllm_lighter_mamba.ops.state_indices import StateIndices
 _BLOCK_R = 128
 
 
-@triton.jit
+# Triton specializes integer arguments (== 1, divisible by 16) by default: every new batch
+# size or table width could then compile another variant in the middle of serving (a
+# visible TTFT stall on the GPU). These change every step, so they are plain runtime values.
+@triton.jit(do_not_specialize=["table_stride", "max_blocks", "num_reqs", "block_size"])
 def _gather_kernel(
     block_table_ptr, table_stride, max_blocks,
     seq_lens_ptr, query_lens_ptr,

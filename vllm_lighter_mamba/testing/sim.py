@@ -59,6 +59,9 @@ class SimResult:
     peak_blocks: int = 0
     mean_blocks: float = 0.0
     cached_per_request: dict[str, int] = field(default_factory=dict)
+    # Tokens the attention groups had cached beyond the Mamba-state hit, recomputed (vLLM's
+    # reported shared-prefix junction minus the hit), at each request's first admission.
+    lost_per_request: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, list[int]] = field(default_factory=dict)
     chunks: list[tuple[str, int, int, int]] = field(default_factory=list)  # (req, start, n, step)
     max_step_tokens: int = 0
@@ -274,6 +277,7 @@ def replay(
                 result.chunks.append((rid, start, n, step))
                 if rid not in result.cached_per_request:
                     result.cached_per_request[rid] = start  # the prefix-cache hit
+                    result.lost_per_request[rid] = max(request.shared_prefix_boundary - start, 0)
                 if request.num_computed_tokens >= request.num_tokens:
                     sampled[rid] = [next_token(request.all_token_ids)]
                 else:

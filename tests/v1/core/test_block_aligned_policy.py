@@ -5,14 +5,18 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_lighter_mamba.v1.core.sched.policy import block_aligned_chunk_len, last_cache_position
+from vllm_lighter_mamba.v1.core.sched.policy import (
+    block_aligned_chunk_len,
+    checkpoint_positions,
+    last_cache_position,
+)
 
 BS = 16
 
 
-def chunk(start, n, prompt, tokens=None, eagle=False, junction=0):
+def chunk(start, n, prompt, tokens=None, eagle=False, junction=0, cold=False):
     return block_aligned_chunk_len(
-        start, n, prompt, prompt if tokens is None else tokens, BS, eagle, junction
+        start, n, prompt, prompt if tokens is None else tokens, BS, eagle, junction, cold
     )
 
 
@@ -66,6 +70,32 @@ def test_junction_of_a_shared_prefix_is_a_stop():
     assert chunk(32, 64, 100, junction=40) == 64  # already past it
 
 
+def test_checkpoint_positions_count_back_from_the_last_position():
+    assert checkpoint_positions(192, 16) == [176, 160, 128]
+    assert checkpoint_positions(32, 16) == [16]  # none at or below 0
+
+
+def test_cold_prompt_stops_at_checkpoints_before_its_last_position():
+    # 300 tokens: last position 288, checkpoints 272, 256, 224.
+    assert chunk(0, 300, 300, cold=True) == 224
+    assert chunk(224, 76, 300, cold=True) == 32
+    assert chunk(256, 44, 300, cold=True) == 16
+    assert chunk(272, 28, 300, cold=True) == 16
+    assert chunk(288, 12, 300, cold=True) == 12
+    # A prompt that had a hit is not cold: one chunk to the last position.
+    assert chunk(32, 268, 300) == 256
+
+
+def test_issue8_first_follower_scenario_leaves_a_state_at_the_junction():
+    # 900 shared + 250 unique tokens at block 256: the last position (1024) lies past the
+    # shared prefix; the checkpoint one block earlier is the junction 768 a follower needs.
+    ends, start = [], 0
+    while start < 1150:
+        start += block_aligned_chunk_len(start, 1150 - start, 1150, 1150, 256, cold_prompt=True)
+        ends.append(start)
+    assert 768 in ends and ends[-1] == 1150
+
+
 @given(
     prompt=st.integers(1, 600),
     extra=st.integers(0, 50),
@@ -74,12 +104,13 @@ def test_junction_of_a_shared_prefix_is_a_stop():
     block_size=st.sampled_from([1, 4, 16, 64, 256]),
     eagle=st.booleans(),
     junction=st.integers(0, 700),
+    cold=st.booleans(),
 )
-def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block_size, eagle, junction):
+def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block_size, eagle, junction, cold):
     tokens = prompt + extra
     start = min(start_blocks * block_size, tokens - 1)
     n = min(n, tokens - start)  # the scheduler never asks for more than remains
-    got = block_aligned_chunk_len(start, n, prompt, tokens, block_size, eagle, junction)
+    got = block_aligned_chunk_len(start, n, prompt, tokens, block_size, eagle, junction, cold)
     assert 0 <= got <= max(n, 0)
     end = start + got
     last = last_cache_position(tokens, block_size, eagle)
@@ -90,3 +121,6 @@ def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block
         assert end <= last
     if not in_prefill or start >= last:
         assert got == n
+    if cold and in_prefill:
+        # No chunk of a cold prompt runs past a checkpoint it could have stopped at.
+        assert not any(start < c < end for c in checkpoint_positions(last, block_size))

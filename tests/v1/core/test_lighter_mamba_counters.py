@@ -21,9 +21,10 @@ def delta(before: dict) -> dict:
 def test_cached_hit_and_lost_hit_counts(qwen3_next_dir):
     prefix = list(range(1, 101))
     reqs = [
-        # A: chunks end at 64 and 128 (budget 64), so no Mamba state exists at 96.
+        # A (cold, last cache position 144): chunks end at 64 (budget 64), then at the
+        # checkpoints 80, 112, 128 (4, 2, 1 blocks before 144) and at 144: no state at 96.
         SimRequest("a", prefix + list(range(500, 550)), max_tokens=2),
-        # B shares 100 tokens: attention could serve 96, the Mamba state only 64 -> 32 lost.
+        # B shares 100 tokens: attention could serve 96, the Mamba state only 80 -> 16 lost.
         SimRequest("b", prefix + [7, 7, 7], max_tokens=2, arrival_step=10),
         # C: B's chunk stopped at the 96 junction, so C gets the full 96.
         SimRequest("c", prefix + [8, 8], max_tokens=2, arrival_step=20),
@@ -31,10 +32,10 @@ def test_cached_hit_and_lost_hit_counts(qwen3_next_dir):
     before = snapshot()
     result = replay("lighter", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
     d = delta(before)
-    assert result.cached_per_request == {"a": 0, "b": 64, "c": 96}
-    assert d["state_hits"] == 2 and d["state_hit_tokens"] == 64 + 96
-    assert d["lost_hit_tokens"] == 32
-    assert d["states_cached"] >= 4  # 64, 128 (a), 96 (b), and decode-filled blocks
+    assert result.cached_per_request == {"a": 0, "b": 80, "c": 96}
+    assert d["state_hits"] == 2 and d["state_hit_tokens"] == 80 + 96
+    assert d["lost_hit_tokens"] == 16
+    assert d["states_cached"] >= 6  # 64, 80, 112, 128, 144 (a), 96 (b), and decode-filled blocks
 
 
 def test_evictions_are_counted(qwen3_next_dir):

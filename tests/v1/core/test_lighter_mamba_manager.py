@@ -68,8 +68,9 @@ def test_no_hit_chunked_prefill_then_decode(qwen3_next_dir):
     reqs = [SimRequest("a", list(range(200)), max_tokens=40)]
     result = run(reqs, layout_checker(), model=qwen3_next_dir)
     assert result.cached_per_request["a"] == 0
-    # 200 tokens with a 64-token budget: chunks of 64, 64, 64, then the 8-token tail.
-    assert [c[2] for c in result.chunks[:4]] == [64, 64, 64, 8]
+    # 200 tokens with a 64-token budget, last cache position 192: chunks of 64, 64, then
+    # the cold-prompt checkpoints 160 and 176 (2 and 1 blocks before 192), 192, the tail.
+    assert [c[2] for c in result.chunks[:6]] == [64, 64, 32, 16, 16, 8]
     # The shadow worker copied the state at every chunk boundary and decode crossing.
     assert result.shadow.num_copies >= 3
 
@@ -81,7 +82,8 @@ def test_hit_at_k_blocks(qwen3_next_dir):
         SimRequest("second", prefix + [4, 5, 6, 7], max_tokens=4, arrival_step=20),
     ]
     result = run(reqs, layout_checker(), model=qwen3_next_dir)
-    # 100 shared tokens: 6 full blocks; the first chunk ended at 64, the tail at 96.
+    # 100 shared tokens: 6 full blocks; the first prompt's chunks ended at 32, 64, 80
+    # (cold-prompt checkpoints) and 96.
     assert result.cached_per_request["second"] == 96
 
 

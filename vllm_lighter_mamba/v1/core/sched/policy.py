@@ -8,6 +8,15 @@ the token budget and encoder inputs have shaped ``num_new_tokens``.
 
 from __future__ import annotations
 
+# A prompt that found nothing in the cache ("cold") also leaves states this many blocks
+# before its last cache position. Its last state covers its own unique tail too, so a
+# later prompt that shares only the head (a system prompt followed by a different
+# question) cannot use it; vLLM then reports the junction and the *first* such follower
+# recomputes the prefix (upstream align does the same: issue 8's "first follower gets 0").
+# Checkpoints close to the end serve the common case (a long shared head, a short unique
+# tail) for the price of a few extra chunk ends on cold prompts only.
+COLD_PROMPT_CHECKPOINTS_IN_BLOCKS = (1, 2, 4)
+
 
 def last_cache_position(num_tokens: int, block_size: int, use_eagle: bool) -> int:
     """The last block boundary (in tokens) whose state is worth materializing.
@@ -22,6 +31,13 @@ def last_cache_position(num_tokens: int, block_size: int, use_eagle: bool) -> in
     return position
 
 
+def checkpoint_positions(
+    last_position: int, block_size: int, distances: tuple[int, ...] = COLD_PROMPT_CHECKPOINTS_IN_BLOCKS
+) -> list[int]:
+    """Block boundaries before ``last_position`` where a cold prompt's chunks also end."""
+    return [last_position - d * block_size for d in distances if last_position - d * block_size > 0]
+
+
 def block_aligned_chunk_len(
     start: int,
     num_new_tokens: int,
@@ -30,6 +46,7 @@ def block_aligned_chunk_len(
     block_size: int,
     use_eagle: bool = False,
     shared_prefix_boundary: int = 0,
+    cold_prompt: bool = False,
 ) -> int:
     """Clip a chunk ``[start, start + num_new_tokens)`` so its end is cacheable.
 
@@ -39,7 +56,9 @@ def block_aligned_chunk_len(
       in which case the request is not scheduled this step and keeps its place);
     - a chunk that crosses the block-floored ``shared_prefix_boundary`` (where this prompt
       stops sharing a cached prefix with another request's, as vLLM's KV-cache manager
-      reports it) also ends there, so the state at that junction is cached for siblings.
+      reports it) also ends there, so the state at that junction is cached for siblings;
+    - on a cold prompt (no cache hit at admission), a chunk that crosses one of
+      ``checkpoint_positions`` ends at the first one it crosses.
     """
     if num_new_tokens <= 0:
         return num_new_tokens
@@ -54,7 +73,8 @@ def block_aligned_chunk_len(
         end = last_position
     elif end < last_position:
         end = end // block_size * block_size
-    junction = shared_prefix_boundary // block_size * block_size
-    if start < junction < end:
-        end = junction
+    stops = [shared_prefix_boundary // block_size * block_size]
+    if cold_prompt:
+        stops += checkpoint_positions(last_position, block_size)
+    end = min([end] + [stop for stop in stops if start < stop < end])
     return max(end - start, 0)

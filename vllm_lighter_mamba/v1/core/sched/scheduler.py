@@ -47,7 +47,8 @@ class LighterMambaSchedulerMixin:
             + num_new_local_computed_tokens
             + num_external_computed_tokens
         )
-        if request.num_computed_tokens == 0 and request.num_preemptions == 0:
+        first_admission = request.num_computed_tokens == 0 and request.num_preemptions == 0
+        if first_admission:
             # First admission: vLLM reports where the attention groups' hit ran past the
             # Mamba state hit; those tokens are recomputed ("lost hits").
             COUNTERS.lost_hit_tokens += max(request.shared_prefix_boundary - start, 0)
@@ -59,7 +60,19 @@ class LighterMambaSchedulerMixin:
             block_size=self.cache_config.block_size,
             use_eagle=self.use_eagle,
             shared_prefix_boundary=request.shared_prefix_boundary,
+            cold_prompt=is_cold_prompt(request, start, first_admission),
         )
+
+
+def is_cold_prompt(request: Request, start: int, first_admission: bool) -> bool:
+    """Whether the request found no prefix-cache hit when it was first admitted.
+
+    vLLM's own record of the hit (``prefill_stats``) exists only with stats logging on,
+    so the answer is kept on the request, decided at its first admission.
+    """
+    if first_admission or not hasattr(request, "lighter_mamba_cold_prompt"):
+        request.lighter_mamba_cold_prompt = start == 0
+    return request.lighter_mamba_cold_prompt
 
 
 @cache
