@@ -49,8 +49,14 @@ def _length(rng: random.Random, spec: WorkloadSpec) -> int:
     return rng.randint(low, high)
 
 
+def workload_rng(name: str, spec: WorkloadSpec) -> random.Random:
+    """Each workload draws its own tokens: with one shared seed, workloads run one after the
+    other in the same engine would share their prefix and start warm."""
+    return random.Random(f"{name}:{spec.seed}")
+
+
 def static_waves(name: str, spec: WorkloadSpec) -> list[Wave]:
-    rng = random.Random(spec.seed)
+    rng = workload_rng(name, spec)
     n, out = spec.num_prompts, spec.output_len
     if name == "repeat":
         prompts = [_tokens(rng, spec.prefix_len + _length(rng, spec), spec.vocab) for _ in range(n)]
@@ -92,7 +98,7 @@ def wave_source(name: str, spec: WorkloadSpec) -> WaveSource:
     """Waves for any workload; multi-turn builds each turn from the previous outputs."""
     if name != "multi-turn":
         return from_list(static_waves(name, spec))
-    rng = random.Random(spec.seed)
+    rng = workload_rng(name, spec)
     conversations = [
         _tokens(rng, spec.prefix_len // 4 + _length(rng, spec), spec.vocab) for _ in range(spec.num_prompts)
     ]
