@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=300)
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--cpu", action="store_true", help="CPU settings (bf16, fp32 states, eager)")
+    parser.add_argument("--verbose", action="store_true", help="--measure ttft: per-round hits and TTFTs")
     parser.add_argument("--measure", choices=("throughput", "ttft"), default="throughput")
     parser.add_argument("--prefix-len", type=int, default=700, help="--measure ttft: shared prefix")
     parser.add_argument("--cold-tail", type=int, default=20,
@@ -97,6 +98,9 @@ def measure_ttft(llm, args, round_index: int, params) -> float:
     followers = [{"prompt_token_ids": prefix + tokens(3000 + 50 * round_index + i, 32 + 8 * i)}
                  for i in range(args.num_prompts)]
     outputs = llm.generate(followers, short, use_tqdm=False)
+    if args.verbose:
+        print(round_index, [o.num_cached_tokens for o in outputs],
+              [round(o.metrics.first_token_latency, 4) for o in outputs], flush=True)
     return statistics.median(o.metrics.first_token_latency for o in outputs)
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host (after ../shared/device's setup): kernel tests, the kernel micro-benchmark
 # and the GPU end-to-end runs of the three tiny models. Results go to $OUT.
+# GPU_E2E_PLAN picks the runs (e.g. qwen3_next:graphs:lighter,qwen3_next:graphs:none) and
+# GPU_E2E_ISOLATE=1 runs each engine in its own process (needed for CUDA graphs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TINY_MODEL_ROOT=/tmp/tiny_models VLLM_WORKER_MULTIPROC_METHOD=spawn
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt

@@ -118,3 +118,13 @@ def test_gpu_default_backend_is_triton_and_matches():
     assert result.state_indices.is_cuda
     expected = run("torch", table, seq_lens, 16, 1, query_lens)
     assert_same([t.cpu() for t in result], expected)
+
+
+def test_warm_up_compiles_the_signatures_a_step_uses():
+    from vllm_lighter_mamba.ops import state_indices_numba
+    from vllm_lighter_mamba.ops.state_indices import warm_up_state_indices
+
+    warm_up_state_indices("cpu")
+    # (block table, seq lens, query lens) dtypes of every compiled variant.
+    compiled = {tuple(str(arg.dtype) for arg in sig[:3]) for sig in state_indices_numba._gather.signatures}
+    assert {("int32", "int32", "int32"), ("int32", "int64", "int64")} <= compiled

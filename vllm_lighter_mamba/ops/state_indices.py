@@ -88,3 +88,21 @@ def state_indices_torch(
     copy_src = torch.where(moves, src, minus_one).to(block_table.dtype)
     copy_dst = torch.where(moves, state_indices[:, 0].long(), minus_one).to(block_table.dtype)
     return StateIndices(state_indices, copy_src, copy_dst)
+
+
+def warm_up_state_indices(device: torch.device | str, num_spec_blocks: int = 0) -> None:
+    """Compile (or load from numba's on-disk cache) the kernel variants a step calls, at
+    start-up rather than in the first requests (measured: ~0.3 s per numba signature, a
+    TTFT stall of the first request on CPU; Triton compiles on first use the same way).
+
+    numba runs on every device (the runner's state copy reads the CPU copy of the block
+    table); Triton only where ``device`` is CUDA. vLLM's block tables are int32; token
+    counts come as int32 or int64.
+    """
+    devices = ["cpu"] + (["cuda"] if torch.device(device).type == "cuda" else [])
+    for dev in devices:
+        table = torch.zeros((1, 2 + num_spec_blocks), dtype=torch.int32, device=dev)
+        for dtype in (torch.int32, torch.int64):
+            seq_lens = torch.ones(1, dtype=dtype, device=dev)
+            mamba_state_indices(table, seq_lens, 16, num_spec_blocks, seq_lens)
+            mamba_state_indices(table, seq_lens, 16, num_spec_blocks)

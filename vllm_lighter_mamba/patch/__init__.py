@@ -75,6 +75,10 @@ mamba_attn,linear_attn}`` (``mamba_attn`` serves the Mamba1, Mamba2 and short-co
     What: after inputs are prepared, copy each moving request's state into its new block.
     Why: a state exists in one block; the next chunk continues from a different block.
     How: wrapped (the CPU runner subclasses the GPU runner and inherits it).
+``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache``
+    What: once the KV cache is set up, compile the state-index kernels (numba; Triton on CUDA).
+    Why: otherwise the first requests pay for it (~0.3 s per numba signature on CPU).
+    How: wrapped; runs only with the lighter layout active (the CPU runner calls super()).
 """
 
 from __future__ import annotations
