@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, metrics, serve
@@ -49,17 +50,31 @@ def main() -> None:
             cached = (details.cached_tokens if details else 0) or 0
             total_cached += cached
             print(f"request {i}: prompt_tokens={usage.prompt_tokens} cached_tokens={cached}")
-        values = metrics(base_url)
+        values = wait_for_lighter_counters(base_url, expected_hits=max(args.requests - 1, 1))
         hits = metric_total(values, "vllm:prefix_cache_hits_total")
         queries = metric_total(values, "vllm:prefix_cache_queries_total")
         print(f"/metrics: vllm:prefix_cache_hits={hits:.0f} vllm:prefix_cache_queries={queries:.0f}")
-        lighter = {k: v for k, v in values.items() if k.startswith("vllm:lighter_mamba")}
+        lighter = {k: v for k, v in values.items()
+                   if k.startswith("vllm:lighter_mamba") and k.endswith("_total")}
         for name, value in sorted(lighter.items()):
             print(f"/metrics: {name}={value:.0f}")
     verdict = "served prefix-cache hits" if total_cached > 0 else "got NO prefix-cache hits"
     print(f"the lighter Mamba cache {verdict}: {total_cached} cached prompt tokens in total")
     if total_cached == 0:
         raise SystemExit(1)
+
+
+def wait_for_lighter_counters(base_url: str, expected_hits: int, timeout_s: float = 15.0) -> dict:
+    """/metrics once the lighter counters caught up: the engine core publishes them when it
+    goes idle and the front end picks them up on its periodic stats log (every 10 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = metrics(base_url)
+        if metric_total(values, "vllm:lighter_mamba_state_hits_total") >= expected_hits:
+            return values
+        if time.monotonic() > deadline:
+            return values
+        time.sleep(1.0)
 
 
 if __name__ == "__main__":

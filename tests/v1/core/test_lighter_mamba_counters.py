@@ -55,3 +55,14 @@ def test_publish_and_read_round_trip(tmp_path, monkeypatch):
     total = read_published(os.getppid())
     assert total.states_cached == 6 and total.state_hits == 7
     assert read_published(-1) == LighterMambaCounters()
+
+
+def test_final_counts_are_published_when_the_engine_goes_idle(qwen3_next_dir, tmp_path, monkeypatch):
+    # schedule() publishes at most once a second; an idle engine core never calls it again,
+    # so the last step's counts must be published when the last request finishes.
+    monkeypatch.setattr(counters.tempfile, "gettempdir", lambda: str(tmp_path))
+    prefix = list(range(1, 101))
+    reqs = [SimRequest("a", prefix + [1], max_tokens=2),
+            SimRequest("b", prefix + [2], max_tokens=2, arrival_step=10)]
+    replay("lighter", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
+    assert asdict(read_published(os.getppid())) == snapshot()

@@ -35,6 +35,14 @@ class LighterMambaSchedulerMixin:
             publish(self.vllm_config.parallel_config.data_parallel_rank)
         return output
 
+    def update_from_output(self, *args: Any, **kwargs: Any):
+        outputs = super().update_from_output(*args, **kwargs)
+        if self.lighter_mamba_active and not self.has_unfinished_requests():
+            # Going idle: publish the final counts now (``schedule`` publishes at most once a
+            # second, and an idle engine core does not call it again).
+            publish(self.vllm_config.parallel_config.data_parallel_rank, force=True)
+        return outputs
+
     def _mamba_block_aligned_split(
         self,
         request: Request,
