@@ -56,11 +56,11 @@ def main() -> None:
         baseline["mamba_cache_mode"] = "align"
     engines[args.baseline] = LLM(**common, **baseline)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    measure = measure_ttft if args.measure == "ttft" else measure_throughput
     rates: dict[str, list[float]] = {name: [] for name in engines}
     for round_index in range(args.rounds + 1):
         for name, llm in engines.items():
             os.environ["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if name == "lighter" else "0"
-            measure = measure_ttft if args.measure == "ttft" else measure_throughput
             value = measure(llm, args, round_index, params)
             if round_index > 0:  # round 0 warms up (numba, caches)
                 rates[name].append(value)

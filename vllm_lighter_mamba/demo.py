@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 
-from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, metrics, serve
+from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, serve, wait_for_metric
 from vllm_lighter_mamba.testing.tiny_models import build_tiny_model
 
 SYSTEM_PROMPT = (
@@ -50,7 +49,10 @@ def main() -> None:
             cached = (details.cached_tokens if details else 0) or 0
             total_cached += cached
             print(f"request {i}: prompt_tokens={usage.prompt_tokens} cached_tokens={cached}")
-        values = wait_for_lighter_counters(base_url, expected_hits=max(args.requests - 1, 1))
+        # The engine core publishes its counters when it goes idle; the front end picks them
+        # up with its periodic stats log (every 10 s).
+        values = wait_for_metric(base_url, "vllm:lighter_mamba_state_hits_total",
+                                 at_least=max(args.requests - 1, 1), timeout_s=15.0)
         hits = metric_total(values, "vllm:prefix_cache_hits_total")
         queries = metric_total(values, "vllm:prefix_cache_queries_total")
         print(f"/metrics: vllm:prefix_cache_hits={hits:.0f} vllm:prefix_cache_queries={queries:.0f}")
@@ -62,19 +64,6 @@ def main() -> None:
     print(f"the lighter Mamba cache {verdict}: {total_cached} cached prompt tokens in total")
     if total_cached == 0:
         raise SystemExit(1)
-
-
-def wait_for_lighter_counters(base_url: str, expected_hits: int, timeout_s: float = 15.0) -> dict:
-    """/metrics once the lighter counters caught up: the engine core publishes them when it
-    goes idle and the front end picks them up on its periodic stats log (every 10 s)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        values = metrics(base_url)
-        if metric_total(values, "vllm:lighter_mamba_state_hits_total") >= expected_hits:
-            return values
-        if time.monotonic() > deadline:
-            return values
-        time.sleep(1.0)
 
 
 if __name__ == "__main__":

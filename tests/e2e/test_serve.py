@@ -4,11 +4,9 @@ counters on /metrics."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, metrics, serve
+from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, metrics, serve, wait_for_metric
 
 from .helpers import shared_text
 
@@ -71,14 +69,11 @@ def test_lighter_counters_on_metrics(server):
 
     base_url, model, _ = server
     client = OpenAI(base_url=base_url + "/v1", api_key="unused")
-    deadline = time.monotonic() + 30
-    values: dict[str, float] = {}
-    while time.monotonic() < deadline:
-        client.completions.create(model=model, prompt=SYSTEM + " metrics?", max_tokens=2, temperature=0.0)
-        values = metrics(base_url)
-        if metric_total(values, "vllm:lighter_mamba_state_hits_total") > 0:
-            break
-        time.sleep(1.0)
+    values = wait_for_metric(
+        base_url, "vllm:lighter_mamba_state_hits_total", at_least=1, timeout_s=30,
+        poke=lambda: client.completions.create(model=model, prompt=SYSTEM + " metrics?", max_tokens=2,
+                                               temperature=0.0),
+    )
     assert metric_total(values, "vllm:lighter_mamba_state_hits_total") > 0
     assert metric_total(values, "vllm:lighter_mamba_state_hit_tokens_total") > 0
     assert metric_total(values, "vllm:lighter_mamba_states_cached_total") > 0

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -112,3 +112,26 @@ def metrics(base_url: str) -> dict[str, float]:
 def metric_total(values: dict[str, float], name: str) -> float:
     """Sum of a metric over its label sets."""
     return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
+
+
+def wait_for_metric(
+    base_url: str,
+    name: str,
+    at_least: float,
+    timeout_s: float,
+    poke: Callable[[], object] | None = None,
+) -> dict[str, float]:
+    """``/metrics`` once ``name`` reached ``at_least`` (or the last read at the timeout).
+
+    The lighter counters reach the front end with a delay (the engine core publishes them,
+    the front end reads them on a step or on its periodic stats log); ``poke`` (e.g. one
+    small request) runs before each read when the caller wants steps to happen meanwhile.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if poke is not None:
+            poke()
+        values = metrics(base_url)
+        if metric_total(values, name) >= at_least or time.monotonic() > deadline:
+            return values
+        time.sleep(1.0)
