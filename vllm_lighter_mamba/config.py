@@ -1,4 +1,14 @@
-"""Start-up rules of the lighter cache: pure checks, one clear error each."""
+"""The one switch of the lighter cache, and its start-up rules.
+
+The decision is made once, in the front end, when vLLM builds the engine config
+(``patch_arg_utils``): the variable is on and the model has attention *and* Mamba-type layers.
+It is written into ``VllmConfig.additional_config[CONFIG_KEY]``, which vLLM hands to every
+process it starts (engine cores, workers), and read back with :func:`is_active`. In the
+workers the decision also shapes the Mamba layers' KV-cache spec (``LighterMambaSpec``), so
+code that only sees a spec (the manager lookup, the builders) asks the spec's type.
+
+The rules are pure functions of a config: one line per problem, all raised together.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +16,37 @@ from typing import Any
 
 from vllm_lighter_mamba.envs import VARIABLE, LighterMambaConfigError
 
+CONFIG_KEY = "lighter_mamba_cache"
+
+
+def is_active(vllm_config: Any) -> bool:
+    """Whether the lighter layout runs for this engine (the one place every patch asks)."""
+    additional = getattr(vllm_config, "additional_config", None)
+    return isinstance(additional, dict) and additional.get(CONFIG_KEY) is True
+
+
+def with_decision(additional_config: Any, active: bool) -> dict:
+    """``additional_config`` with the decision written in (a copy; the user's dict is kept)."""
+    updated = dict(additional_config or {})
+    if active:
+        updated[CONFIG_KEY] = True
+    else:
+        updated.pop(CONFIG_KEY, None)
+    return updated
+
 
 def config_conflicts(vllm_config: Any) -> list[str]:
-    """Settings of a hybrid (Mamba-type) model that the lighter cache cannot honour."""
+    """Settings of the final config that the lighter cache cannot honour."""
     cache = vllm_config.cache_config
     sched = vllm_config.scheduler_config
+    parallel = vllm_config.parallel_config
     problems = []
     if cache.mamba_cache_mode != "none":
         problems.append(
             f"--mamba-cache-mode {cache.mamba_cache_mode} was given, but the lighter cache "
             f"replaces vLLM's Mamba cache modes: drop the flag or unset {VARIABLE}"
         )
-    if cache.enable_prefix_caching is False:
+    if not cache.enable_prefix_caching:
         problems.append(
             f"prefix caching is disabled (--no-enable-prefix-caching), so the lighter cache "
             f"has nothing to do: enable prefix caching or unset {VARIABLE}"
@@ -27,25 +56,28 @@ def config_conflicts(vllm_config: Any) -> list[str]:
             "chunked prefill is disabled, but prefill chunks must end on block boundaries: "
             "enable chunked prefill"
         )
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+    if parallel.pipeline_parallel_size > 1:
         problems.append("pipeline parallelism is not supported with the lighter cache")
+    if getattr(parallel, "decode_context_parallel_size", 1) > 1 or getattr(
+        parallel, "prefill_context_parallel_size", 1
+    ) > 1:
+        problems.append("context parallelism (DCP/PCP) is not supported with the lighter cache")
     if vllm_config.speculative_config is not None:
         problems.append(
             "speculative decoding is not supported yet: its accepted-token state copies "
             "are not implemented by the lighter cache"
         )
     if vllm_config.kv_transfer_config is not None:
-        problems.append("KV connectors (kv_transfer_config) are not supported yet")
-    return problems
-
-
-def check_block_size(block_size: int, max_num_batched_tokens: int) -> None:
-    """A token budget below one block could never schedule an aligned chunk."""
-    if max_num_batched_tokens < block_size:
-        raise LighterMambaConfigError(
-            f"{VARIABLE}=1 needs max_num_batched_tokens ({max_num_batched_tokens}) >= the "
-            f"block size ({block_size}): a prefill chunk must cover at least one block"
+        problems.append(
+            "KV connectors and KV offloading (--kv-transfer-config, --kv-offloading-size) "
+            "are not supported yet: an external hit would start past the cached Mamba state"
         )
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        problems.append(
+            "vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1) is not supported: the "
+            "per-step state copy is installed in the V1 runner"
+        )
+    return problems
 
 
 def raise_on_conflicts(vllm_config: Any) -> None:
@@ -54,16 +86,35 @@ def raise_on_conflicts(vllm_config: Any) -> None:
         raise LighterMambaConfigError(f"{VARIABLE}=1: " + "; ".join(problems))
 
 
-def lighter_layout_active(cache_config: Any) -> bool:
-    """Whether Mamba groups use our position-indexed layout in this process.
+def block_size_conflicts(
+    block_size: int, max_num_batched_tokens: int, long_prefill_threshold: int
+) -> list[str]:
+    """Token budgets that could never schedule a prefill chunk of one whole block.
 
-    With the variable on, the start-up check leaves ``mamba_cache_mode`` at ``"none"`` while
-    prefix caching is on; upstream never runs in that combination for hybrid models.
+    A chunk before the prompt's last block boundary is floored to a boundary: with less
+    than one block of budget it is floored to 0 tokens on every step, forever.
     """
-    from vllm_lighter_mamba.envs import lighter_mamba_enabled
+    problems = []
+    if max_num_batched_tokens < block_size:
+        problems.append(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) < the block size "
+            f"({block_size}): a prefill chunk must cover at least one block"
+        )
+    if 0 < long_prefill_threshold < block_size:
+        problems.append(
+            f"--long-prefill-token-threshold ({long_prefill_threshold}) < the block size "
+            f"({block_size}): every prompt of at least a block would be cut to 0 tokens"
+        )
+    return problems
 
-    return (
-        lighter_mamba_enabled()
-        and bool(cache_config.enable_prefix_caching)
-        and cache_config.mamba_cache_mode == "none"
+
+def check_block_size(vllm_config: Any) -> None:
+    """Run where the block size is final (it depends on the attention backend)."""
+    sched = vllm_config.scheduler_config
+    problems = block_size_conflicts(
+        vllm_config.cache_config.block_size,
+        sched.max_num_batched_tokens,
+        sched.long_prefill_token_threshold or 0,
     )
+    if problems:
+        raise LighterMambaConfigError(f"{VARIABLE}=1: " + "; ".join(problems))

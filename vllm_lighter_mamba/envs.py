@@ -1,4 +1,8 @@
-"""The one environment variable that switches the lighter Mamba cache on."""
+"""The one environment variable that switches the lighter Mamba cache on.
+
+It is read only while vLLM builds its configuration (``register`` and the engine-args patch);
+from then on every process asks the configuration (``vllm_lighter_mamba.config.is_active``).
+"""
 
 from __future__ import annotations
 
@@ -32,6 +36,17 @@ def parse_flag(value: str | None) -> bool:
     )
 
 
-def lighter_mamba_enabled() -> bool:
-    """Whether the variable is on in this process (every vLLM process inherits it)."""
+def requested_by_environment() -> bool:
+    """Whether the user asked for the lighter cache (config time only, never per step)."""
     return parse_flag(os.environ.get(VARIABLE))
+
+
+def declare_to_vllm() -> None:
+    """Add the variable to vLLM's own table of environment variables.
+
+    vLLM warns about (or, with ``--fail-on-environ-validation``, rejects) every ``VLLM_*``
+    variable missing from that table. Declaring it is not a behaviour change of vLLM.
+    """
+    import vllm.envs
+
+    vllm.envs.environment_variables.setdefault(VARIABLE, lambda: os.environ.get(VARIABLE, ""))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_ENGINE = {
     "max_model_len": 4096,
     "max_num_seqs": 8,
@@ -27,8 +28,9 @@ def run_mode(mode: str, model: str, waves: list[list[str]], engine: dict, max_to
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         proc = subprocess.run(
-            [sys.executable, "-m", "vllm_lighter_mamba.testing.e2e_runner", spec_path, out_path],
+            [sys.executable, "-m", "tests.e2e.runner", spec_path, out_path],
             env=env,
+            cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=900,

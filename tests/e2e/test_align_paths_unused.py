@@ -16,9 +16,12 @@ def test_our_pieces_run_and_align_paths_do_not(qwen3_next_dir, monkeypatch):
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
     from vllm.v1.worker import mamba_utils
 
+    from vllm_lighter_mamba.bench.sim import install_patches
+    from vllm_lighter_mamba.envs import VARIABLE
     from vllm_lighter_mamba.ops import state_indices_numba
-    from vllm_lighter_mamba.testing.sim import lighter_variable
     from vllm_lighter_mamba.v1.worker import mamba_state_copy
+
+    from .runner import engine_counters
 
     calls: dict[str, int] = {}
 
@@ -44,16 +47,19 @@ def test_our_pieces_run_and_align_paths_do_not(qwen3_next_dir, monkeypatch):
     spy(state_indices_numba, "state_indices_numba", "ours: state_indices_numba")
     spy(mamba_state_copy, "copy_states", "ours: copy_states")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    with lighter_variable(True):
-        from vllm import LLM, SamplingParams
+    monkeypatch.setenv(VARIABLE, "1")
+    install_patches()
+    from vllm import LLM, SamplingParams
 
-        llm = LLM(model=qwen3_next_dir, dtype="bfloat16", seed=0, max_num_batched_tokens=512, **CPU_ENGINE)
-        prefix = shared_text(11, 900)
-        params = SamplingParams(temperature=0.0, max_tokens=4)
-        llm.generate([prefix + " a"], params, use_tqdm=False)
-        second = llm.generate([prefix + " b"], params, use_tqdm=False)
-        del llm
+    llm = LLM(model=qwen3_next_dir, dtype="bfloat16", seed=0, max_num_batched_tokens=512, **CPU_ENGINE)
+    prefix = shared_text(11, 900)
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    llm.generate([prefix + " a"], params, use_tqdm=False)
+    second = llm.generate([prefix + " b"], params, use_tqdm=False)
+    counters = engine_counters(llm)
+    del llm
     assert second[0].num_cached_tokens > 0
+    assert counters["state_hits"] == 1 and counters["state_hit_tokens"] == second[0].num_cached_tokens
     for label in align_only:
         assert calls.get(label, 0) == 0, f"{label} ran {calls[label]} times"
     assert calls.get("ours: copy_states", 0) > 0

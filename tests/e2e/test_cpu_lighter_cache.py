@@ -80,3 +80,11 @@ def test_cached_tokens_at_least_upstream_align(results):
     align = sum(r["cached_tokens"] for r in _requests(results["align"]))
     assert ours >= align
     assert ours > 0
+
+
+def test_lighter_counters_equal_vllm_cached_tokens(results):
+    """Issue 13: one hit per request, its tokens equal vLLM's own per-request cached tokens."""
+    counters = results["lighter"]["lighter_counters"]
+    requests = _requests(results["lighter"])
+    assert counters["state_hit_tokens"] == sum(r["cached_tokens"] for r in requests) > 0
+    assert counters["state_hits"] == sum(r["cached_tokens"] > 0 for r in requests)

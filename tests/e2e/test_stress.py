@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, metrics, serve
+from vllm_lighter_mamba.bench.server import cpu_serve_args, metric_total, metrics, serve
 
 from .helpers import shared_text
 

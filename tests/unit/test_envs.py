@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 
 from vllm_lighter_mamba.envs import VARIABLE, LighterMambaConfigError, parse_flag
@@ -27,16 +29,43 @@ def test_register_raises_on_bad_value(monkeypatch):
     monkeypatch.setenv(VARIABLE, "maybe")
     with pytest.raises(LighterMambaConfigError, match="maybe"):
         vllm_lighter_mamba.register()
+
+
+def test_register_installs_nothing_when_off(monkeypatch):
+    """Checked on fresh (unpatched) classes: any earlier test may have installed the patches
+    in this process, so the test looks at what register() itself calls."""
+    import vllm_lighter_mamba
+    import vllm_lighter_mamba.patch as patch
+
+    calls = []
+    monkeypatch.setattr(patch, "apply_all_patches", lambda: calls.append(1))
+    monkeypatch.setattr(vllm_lighter_mamba, "_registered", False)
+    monkeypatch.setenv(VARIABLE, "0")
+    vllm_lighter_mamba.register()
     monkeypatch.delenv(VARIABLE)
+    vllm_lighter_mamba.register()
+    assert calls == []
+    monkeypatch.setenv(VARIABLE, "1")
+    vllm_lighter_mamba.register()
+    assert calls == [1]
 
 
-def test_register_is_a_no_op_when_off(monkeypatch):
-    import vllm.config.scheduler as sched
+def test_unsupported_vllm_version_is_one_clear_error():
+    from vllm_lighter_mamba import check_vllm_version
+
+    check_vllm_version("0.26.0")
+    check_vllm_version("0.26.0+cpu")
+    with pytest.raises(LighterMambaConfigError, match="needs vLLM 0.26.0, but vLLM 0.27.0 is installed"):
+        check_vllm_version("0.27.0")
+
+
+def test_vllm_does_not_warn_about_the_variable(monkeypatch, caplog):
+    import vllm.envs
 
     import vllm_lighter_mamba
 
-    before = sched.SchedulerConfig.__dict__["get_scheduler_cls"]
     monkeypatch.setenv(VARIABLE, "0")
     vllm_lighter_mamba.register()
-    assert sched.SchedulerConfig.__dict__["get_scheduler_cls"] is before or vllm_lighter_mamba._registered
-    monkeypatch.delenv(VARIABLE)
+    with caplog.at_level(logging.WARNING):
+        vllm.envs.validate_environ(hard_fail=True)  # raises on an unknown VLLM_* variable
+    assert VARIABLE not in caplog.text

@@ -1,4 +1,4 @@
-"""Start-up rules, checked where vLLM builds its config (before any engine or memory)."""
+"""Start-up rules, checked on the config vLLM builds (before any engine or memory)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,25 @@ import logging
 
 import pytest
 
-from vllm_lighter_mamba.config import check_block_size
-from vllm_lighter_mamba.envs import LighterMambaConfigError
-from vllm_lighter_mamba.testing.sim import lighter_variable
+from vllm_lighter_mamba.bench.sim import install_patches
+from vllm_lighter_mamba.config import CONFIG_KEY, block_size_conflicts, check_block_size, is_active
+from vllm_lighter_mamba.envs import VARIABLE, LighterMambaConfigError
 
 
-def engine_config(model: str, **kwargs):
+@pytest.fixture(autouse=True)
+def _patches_installed():
+    install_patches()  # what register() does in a vLLM process with the variable on
+
+
+def engine_config(model: str, lighter: bool, monkeypatch, **kwargs):
+    """The config `vllm serve MODEL ...` builds, with the variable on or off."""
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=model, dtype="bfloat16", max_model_len=4096, **kwargs).create_engine_config()
+    monkeypatch.setenv(VARIABLE, "1" if lighter else "0")
+    try:
+        return EngineArgs(model=model, dtype="bfloat16", max_model_len=4096, **kwargs).create_engine_config()
+    finally:
+        monkeypatch.delenv(VARIABLE)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +32,7 @@ def llama_dir(tmp_path_factory):
     """A tiny model without Mamba-type layers."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vllm_lighter_mamba.testing.tiny_models import build_tokenizer
+    from vllm_lighter_mamba.bench.tiny_models import build_tokenizer
 
     out = tmp_path_factory.mktemp("llama")
     config = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -32,56 +42,102 @@ def llama_dir(tmp_path_factory):
     return str(out)
 
 
-def test_variable_on_enables_prefix_caching_and_keeps_upstream_modes_off(qwen3_next_dir):
-    with lighter_variable(True):
-        config = engine_config(qwen3_next_dir)
-        scheduler_cls = config.scheduler_config.get_scheduler_cls()
+@pytest.fixture(scope="module")
+def mamba2_dir(tmp_path_factory):
+    """A pure Mamba2 model (no attention layers); only its config is read."""
+    from transformers import Mamba2Config
+
+    from vllm_lighter_mamba.bench.tiny_models import build_tokenizer
+
+    out = tmp_path_factory.mktemp("mamba2")
+    Mamba2Config(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32,
+                 state_size=16, n_groups=1, expand=2).save_pretrained(out)
+    build_tokenizer().save_pretrained(out)
+    return str(out)
+
+
+def test_variable_on_decides_once_and_keeps_upstream_modes_off(qwen3_next_dir, monkeypatch):
+    config = engine_config(qwen3_next_dir, True, monkeypatch)
+    assert is_active(config) and config.additional_config[CONFIG_KEY] is True
     assert config.cache_config.enable_prefix_caching is True
     assert config.cache_config.mamba_cache_mode == "none"  # align never turned on
-    assert scheduler_cls.__name__.startswith("LighterMamba")
+    # The one writer of the Mamba block size runs in the worker, once the block size is final.
+    assert config.cache_config.mamba_block_size is None
 
 
-def test_variable_off_leaves_vllm_defaults(qwen3_next_dir):
-    with lighter_variable(False):
-        default = engine_config(qwen3_next_dir)
-        opted_in = engine_config(qwen3_next_dir, enable_prefix_caching=True)
-        scheduler_cls = default.scheduler_config.get_scheduler_cls()
+def test_variable_off_leaves_vllm_defaults(qwen3_next_dir, monkeypatch):
+    default = engine_config(qwen3_next_dir, False, monkeypatch)
+    opted_in = engine_config(qwen3_next_dir, False, monkeypatch, enable_prefix_caching=True)
+    assert not is_active(default) and not is_active(opted_in)
     assert default.cache_config.enable_prefix_caching is False  # vLLM 0.26: opt-in for hybrids
     assert opted_in.cache_config.mamba_cache_mode == "align"
-    assert not scheduler_cls.__name__.startswith("LighterMamba")
+
+
+def test_the_decision_cannot_be_forced_without_the_variable(qwen3_next_dir, monkeypatch):
+    config = engine_config(qwen3_next_dir, False, monkeypatch, additional_config={CONFIG_KEY: True})
+    assert not is_active(config)
 
 
 @pytest.mark.parametrize("mode", ["align", "all"])
-def test_explicit_mamba_cache_mode_conflicts(qwen3_next_dir, mode):
-    with lighter_variable(True), pytest.raises(Exception, match=f"--mamba-cache-mode {mode} was given"):
-        engine_config(qwen3_next_dir, enable_prefix_caching=True, mamba_cache_mode=mode)
+def test_explicit_mamba_cache_mode_conflicts(qwen3_next_dir, monkeypatch, mode):
+    with pytest.raises(LighterMambaConfigError, match=f"--mamba-cache-mode {mode} was given"):
+        engine_config(qwen3_next_dir, True, monkeypatch, enable_prefix_caching=True, mamba_cache_mode=mode)
 
 
-def test_prefix_caching_explicitly_disabled_conflicts(qwen3_next_dir):
-    with lighter_variable(True), pytest.raises(LighterMambaConfigError, match="explicitly disabled"):
-        engine_config(qwen3_next_dir, enable_prefix_caching=False)
+def test_prefix_caching_explicitly_disabled_conflicts(qwen3_next_dir, monkeypatch):
+    with pytest.raises(LighterMambaConfigError, match="explicitly disabled"):
+        engine_config(qwen3_next_dir, True, monkeypatch, enable_prefix_caching=False)
 
 
-def test_chunked_prefill_disabled_conflicts(qwen3_next_dir):
-    with lighter_variable(True), pytest.raises(Exception, match="chunked prefill is disabled"):
-        engine_config(qwen3_next_dir, enable_chunked_prefill=False, max_num_batched_tokens=4096)
+def test_chunked_prefill_disabled_conflicts(qwen3_next_dir, monkeypatch):
+    with pytest.raises(LighterMambaConfigError, match="chunked prefill is disabled"):
+        engine_config(qwen3_next_dir, True, monkeypatch, enable_chunked_prefill=False,
+                      max_num_batched_tokens=4096)
 
 
-def test_budget_below_one_block_is_rejected():
-    check_block_size(256, 256)
-    with pytest.raises(LighterMambaConfigError, match="max_num_batched_tokens \\(128\\)"):
-        check_block_size(256, 128)
+def test_kv_offloading_is_checked_on_the_final_config(qwen3_next_dir, monkeypatch):
+    """`--kv-offloading-size` becomes a kv_transfer_config only at the end of VllmConfig."""
+    with pytest.raises(LighterMambaConfigError, match="KV offloading") as excinfo:
+        engine_config(qwen3_next_dir, True, monkeypatch, kv_offloading_size=1.0)
+    assert str(excinfo.value).count(VARIABLE) == 1  # one line
 
 
-def test_non_hybrid_model_is_untouched(llama_dir, caplog):
-    with lighter_variable(False):
-        stock = engine_config(llama_dir)
-    with lighter_variable(True), caplog.at_level(logging.INFO):
-        ours = engine_config(llama_dir)
+def test_budget_and_long_prefill_threshold_below_one_block_are_rejected():
+    assert block_size_conflicts(256, 256, 0) == []
+    assert block_size_conflicts(256, 8192, 256) == []
+    (budget,) = block_size_conflicts(256, 128, 0)
+    assert "max_num_batched_tokens (128)" in budget and "(256)" in budget
+    (threshold,) = block_size_conflicts(256, 8192, 100)
+    assert "--long-prefill-token-threshold (100)" in threshold and "(256)" in threshold
+
+
+def test_block_size_check_runs_on_the_config(qwen3_next_dir, monkeypatch):
+    config = engine_config(qwen3_next_dir, True, monkeypatch, max_num_batched_tokens=4096,
+                           long_prefill_token_threshold=100)
+    config.cache_config.block_size = 256  # as the worker finalizes it
+    with pytest.raises(LighterMambaConfigError, match="long-prefill-token-threshold \\(100\\)"):
+        check_block_size(config)
+
+
+def test_non_hybrid_model_is_untouched(llama_dir, caplog, monkeypatch):
+    stock = engine_config(llama_dir, False, monkeypatch)
+    with caplog.at_level(logging.INFO):
+        ours = engine_config(llama_dir, True, monkeypatch)
+    assert not is_active(ours)
     assert ours.cache_config.enable_prefix_caching == stock.cache_config.enable_prefix_caching
     assert ours.cache_config.mamba_cache_mode == stock.cache_config.mamba_cache_mode == "none"
     assert "lighter Mamba cache on" not in caplog.text
-    assert "has no Mamba-type layers: the lighter Mamba cache changes nothing" in caplog.text
+    assert "is not a hybrid attention + Mamba model: the lighter Mamba cache changes nothing" in caplog.text
+
+
+def test_pure_mamba_model_is_cleanly_off(mamba2_dir, caplog, monkeypatch):
+    """Issue 13: one behaviour for models without attention: vLLM's own, with an info line."""
+    stock = engine_config(mamba2_dir, False, monkeypatch, enable_prefix_caching=True)
+    with caplog.at_level(logging.INFO):
+        ours = engine_config(mamba2_dir, True, monkeypatch, enable_prefix_caching=True)
+    assert not is_active(ours)
+    assert ours.cache_config.mamba_cache_mode == stock.cache_config.mamba_cache_mode != "none"
+    assert "changes nothing" in caplog.text and "lighter Mamba cache on" not in caplog.text
 
 
 def test_unsupported_options_each_get_one_line():
@@ -93,9 +149,11 @@ def test_unsupported_options_each_get_one_line():
         config = NS(
             cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True),
             scheduler_config=NS(enable_chunked_prefill=True),
-            parallel_config=NS(pipeline_parallel_size=1),
+            parallel_config=NS(pipeline_parallel_size=1, decode_context_parallel_size=1,
+                               prefill_context_parallel_size=1),
             speculative_config=None,
             kv_transfer_config=None,
+            use_v2_model_runner=False,
         )
         for path, value in overrides.items():
             section, _, field = path.partition("__")
@@ -108,10 +166,12 @@ def test_unsupported_options_each_get_one_line():
     assert config_conflicts(fake()) == []
     cases = {
         "pipeline parallelism": {"parallel_config__pipeline_parallel_size": 2},
+        "context parallelism": {"parallel_config__decode_context_parallel_size": 2},
         "speculative decoding": {"speculative_config": object()},
         "KV connectors": {"kv_transfer_config": object()},
         "chunked prefill is disabled": {"scheduler_config__enable_chunked_prefill": False},
         "--mamba-cache-mode all": {"cache_config__mamba_cache_mode": "all"},
+        "V2 model runner": {"use_v2_model_runner": True},
     }
     for phrase, overrides in cases.items():
         problems = config_conflicts(fake(**overrides))

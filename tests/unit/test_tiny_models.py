@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_lighter_mamba.testing.tiny_models import ARCHS, build_tiny_model, build_tokenizer
+from vllm_lighter_mamba.bench.tiny_models import ARCHS, build_tiny_model, build_tokenizer
 
 VLLM_ARCH = {
     "qwen3_next": "Qwen3NextForCausalLM",

@@ -110,7 +110,7 @@ def run_simulated(
     mode: str, workload: str, source: WaveSource, model_dir: str, **scheduler_kwargs
 ) -> ModeResult:
     """The same waves through vLLM's real Scheduler/KVCacheManager with a mocked model."""
-    from vllm_lighter_mamba.testing.sim import SimRequest, replay
+    from vllm_lighter_mamba.bench.sim import SimRequest, replay
 
     result = ModeResult(mode, workload, steps=0, peak_blocks=0, mean_blocks=0.0)
     outputs: dict[str, list[int]] = {}

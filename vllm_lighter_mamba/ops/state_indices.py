@@ -14,7 +14,8 @@ From a Mamba group's block table (position ``i`` holds the state after token
   ``block_table[r, p]`` before the forward; every other row holds ``-1`` in both.
 
 Three implementations with identical results: Triton (CUDA tensors, one launch), numba
-(CPU tensors) and torch (reference for tests).
+(CPU tensors) and torch (reference for tests). The runner's copy itself is fused with the
+same plan in ``state_copy_triton`` (GPU) and planned with numba on the CPU.
 """
 
 from __future__ import annotations
@@ -44,8 +45,7 @@ def mamba_state_indices(
     tensors and numba for CPU tensors.
     """
     assert block_table.dim() == 2, "block_table must be [num_reqs, max_blocks]"
-    num_reqs = seq_lens.shape[0]
-    assert block_table.shape[0] >= num_reqs
+    assert block_table.shape[0] >= seq_lens.shape[0]
     if backend is None:
         backend = "triton" if block_table.is_cuda else "numba"
     if backend == "triton":
@@ -59,6 +59,35 @@ def mamba_state_indices(
     if backend == "torch":
         return state_indices_torch(block_table, seq_lens, block_size, num_spec_blocks, query_lens)
     raise ValueError(f"unknown backend {backend!r}; expected triton, numba or torch")
+
+
+# Per block table (one per KV-cache group, allocated once by the runner) and column count,
+# the builders' output buffer. Kernels of one step read it before the next step's gather
+# overwrites it: both are queued in order on the same stream.
+_outputs: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def gather_state_indices(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int, num_spec_blocks: int
+) -> torch.Tensor:
+    """The builders' call: ``state_indices`` only, into a preallocated output."""
+    num_reqs = seq_lens.shape[0]
+    key = (block_table.data_ptr(), 1 + num_spec_blocks, block_table.dtype, block_table.device)
+    out = _outputs.get(key)
+    if out is None or out.shape[0] < num_reqs:
+        rows = max(num_reqs, block_table.shape[0])
+        out = torch.empty((rows, 1 + num_spec_blocks), dtype=block_table.dtype, device=block_table.device)
+        _outputs[key] = out
+    out = out[:num_reqs]
+    if block_table.is_cuda:
+        from vllm_lighter_mamba.ops.state_indices_triton import state_indices_triton
+
+        state_indices_triton(block_table, seq_lens, block_size, num_spec_blocks, out=out)
+    else:
+        from vllm_lighter_mamba.ops.state_indices_numba import state_indices_numba
+
+        state_indices_numba(block_table, seq_lens, block_size, num_spec_blocks, out=out)
+    return out
 
 
 def state_indices_torch(
@@ -95,14 +124,12 @@ def warm_up_state_indices(device: torch.device | str, num_spec_blocks: int = 0) 
     start-up rather than in the first requests (measured: ~0.3 s per numba signature, a
     TTFT stall of the first request on CPU; Triton compiles on first use the same way).
 
-    numba runs on every device (the runner's state copy reads the CPU copy of the block
-    table); Triton only where ``device`` is CUDA. vLLM's block tables are int32; token
-    counts come as int32 or int64.
+    vLLM's block tables are int32; token counts come as int32 or int64.
     """
-    devices = ["cpu"] + (["cuda"] if torch.device(device).type == "cuda" else [])
-    for dev in devices:
-        table = torch.zeros((1, 2 + num_spec_blocks), dtype=torch.int32, device=dev)
-        for dtype in (torch.int32, torch.int64):
-            seq_lens = torch.ones(1, dtype=dtype, device=dev)
-            mamba_state_indices(table, seq_lens, 16, num_spec_blocks, seq_lens)
-            mamba_state_indices(table, seq_lens, 16, num_spec_blocks)
+    dev = torch.device(device)
+    table = torch.zeros((1, 2 + num_spec_blocks), dtype=torch.int32, device=dev)
+    for dtype in (torch.int32, torch.int64):
+        seq_lens = torch.ones(1, dtype=dtype, device=dev)
+        mamba_state_indices(table, seq_lens, 16, num_spec_blocks, seq_lens)
+        mamba_state_indices(table, seq_lens, 16, num_spec_blocks)
+    _outputs.clear()  # the warm-up table's buffer is not a real group's

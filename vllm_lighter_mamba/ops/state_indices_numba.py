@@ -36,19 +36,19 @@ def state_indices_numba(
     block_size: int,
     num_spec_blocks: int = 0,
     query_lens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> StateIndices:
     num_reqs = seq_lens.shape[0]
     table = block_table[:num_reqs].numpy()
     seq = seq_lens.numpy()
     has_query = query_lens is not None
     query = query_lens.numpy() if has_query else np.zeros(1, dtype=seq.dtype)
-    state_indices = np.empty((num_reqs, 1 + num_spec_blocks), dtype=table.dtype)
+    if out is None:
+        out = torch.empty((num_reqs, 1 + num_spec_blocks), dtype=block_table.dtype)
     copy_src = np.empty(num_reqs if has_query else 0, dtype=table.dtype)
     copy_dst = np.empty_like(copy_src)
     _gather(table, seq, query, has_query, block_size, num_spec_blocks,
-            state_indices, copy_src, copy_dst)
+            out.numpy(), copy_src, copy_dst)
     if not has_query:
-        return StateIndices(torch.from_numpy(state_indices), None, None)
-    return StateIndices(
-        torch.from_numpy(state_indices), torch.from_numpy(copy_src), torch.from_numpy(copy_dst)
-    )
+        return StateIndices(out, None, None)
+    return StateIndices(out, torch.from_numpy(copy_src), torch.from_numpy(copy_dst))

@@ -48,12 +48,14 @@ def state_indices_triton(
     block_size: int,
     num_spec_blocks: int = 0,
     query_lens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> StateIndices:
     assert block_table.stride(1) == 1, "block_table rows must be contiguous"
     num_reqs = seq_lens.shape[0]
     num_cols = 1 + num_spec_blocks
     device, dtype = block_table.device, block_table.dtype
-    state_indices = torch.empty((num_reqs, num_cols), dtype=dtype, device=device)
+    if out is None:
+        out = torch.empty((num_reqs, num_cols), dtype=dtype, device=device)
     has_query = query_lens is not None
     copy_src = torch.empty(num_reqs if has_query else 0, dtype=dtype, device=device)
     copy_dst = torch.empty_like(copy_src)
@@ -62,10 +64,10 @@ def state_indices_triton(
         _gather_kernel[grid](
             block_table, block_table.stride(0), block_table.shape[1],
             seq_lens, query_lens if has_query else seq_lens,
-            state_indices, copy_src, copy_dst,
+            out, copy_src, copy_dst,
             num_reqs, block_size,
             NUM_COLS=num_cols, HAS_QUERY=has_query, BLOCK_R=_BLOCK_R,
         )
     if not has_query:
-        return StateIndices(state_indices, None, None)
-    return StateIndices(state_indices, copy_src, copy_dst)
+        return StateIndices(out, None, None)
+    return StateIndices(out, copy_src, copy_dst)

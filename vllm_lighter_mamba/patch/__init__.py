@@ -1,84 +1,99 @@
-"""Every place where the lighter cache replaces or wraps an upstream vLLM 0.26 symbol.
+"""Every place where the lighter cache replaces, wraps or extends an upstream vLLM 0.26 symbol.
 
-One module per upstream module. All are applied by :func:`apply_all_patches`, which
-``vllm_lighter_mamba.register`` calls in every vLLM process while
-``VLLM_USE_LIGHTER_MAMBA_CACHE`` is on (each process only exercises its own side:
-config patches in the front end, scheduler/manager patches in the engine core,
-builder/runner patches in the workers).
+One module per upstream module (one module for the three builder modules that share an
+import). All are applied by :func:`apply_all_patches`, which ``vllm_lighter_mamba.register``
+calls in every vLLM process while ``VLLM_USE_LIGHTER_MAMBA_CACHE`` is on. Every patch asks
+one place whether the lighter cache is active for its engine: the config
+(``config.is_active``) or, where only a KV-cache spec is at hand, the spec's type
+(``LighterMambaSpec``). "Upstream" says what would make the patch removable; none of it
+exists in vLLM 0.26.
 
-Config (front end, and wherever vLLM re-verifies the config)
-------------------------------------------------------------
+Config (front end)
+------------------
 ``patch_arg_utils`` -> ``vllm.engine.arg_utils.EngineArgs``
-``._set_default_chunked_prefill_and_prefix_caching_args``
-    What: prefix caching on by default for hybrid models; an explicit
-    ``--no-enable-prefix-caching`` is an error.
-    Why: vLLM 0.26 keeps prefix caching opt-in for hybrid models; the variable opts in.
-    How: wrapped (upstream runs after our default is set).
+``._set_default_chunked_prefill_and_prefix_caching_args`` and ``.create_engine_config``
+    What: the decision (variable on and a hybrid model) written into
+    ``additional_config``; prefix caching on by default; the final config checked.
+    Why: vLLM 0.26 keeps prefix caching opt-in for hybrid models, and some options
+    (``--kv-offloading-size``) become settings only at the end of ``VllmConfig``.
+    How: both wrapped (upstream runs inside / first).
+    Upstream: a plugin hook on the final config (none in 0.26).
 
 ``patch_model_config`` -> ``vllm.model_executor.models.config.MambaModelConfig.verify_and_update_config``
-    What: keep ``mamba_cache_mode="none"`` for hybrid models with prefix caching on,
-    set ``mamba_block_size`` to the cache block size, reject conflicting settings.
+    What: keep ``mamba_cache_mode="none"`` while active.
     Why: upstream turns "none" into "align" (or "all"), which would run its own cache.
-    How: replaced while the variable is on; calls ``config.raise_on_conflicts``.
+    How: replaced while active; upstream runs otherwise.
+    Upstream: a Mamba cache mode registered by plugins (none in 0.26).
 
 ``patch_platform`` -> ``vllm.platforms.interface.Platform._align_hybrid_block_size``
-    What: after upstream picks the final block size, make the Mamba block size equal to
-    it and check the token budget covers one block.
-    Why: upstream does this only for "align"; our layout needs one state per block.
+    What: once the block size is final, the Mamba block size equals it (the only writer)
+    and the token budget (and long-prefill threshold) must cover one block.
+    Why: upstream does this only for "align"; the block size depends on the attention
+    backend and is final only in the worker.
     How: wrapped (upstream runs first).
+    Upstream: block-size alignment keyed on the spec rather than the cache mode.
 
-``patch_kv_cache_interface`` -> ``vllm.v1.kv_cache_interface.MambaSpec.max_num_blocks_per_req``
-and ``MambaSpec.max_memory_usage_bytes``
-    What: a position-indexed block table row (``cdiv(max_len, block_size) + spec``) and a
-    budget of ``2 + spec`` resident state pages per request.
-    Why: with "none" upstream sizes both for one state block per request.
-    How: wrapped; upstream's result is kept when prefix caching is off.
+Workers (KV-cache spec)
+-----------------------
+``patch_mamba_abstract`` -> ``vllm.model_executor.layers.mamba.abstract.MambaBase.get_kv_cache_spec``
+    What: ``LighterMambaSpec`` (a ``MambaSpec`` subclass sizing rows and budgets for our
+    layout) instead of ``MambaSpec`` while active.
+    Why: the spec reaches the engine core and every builder; its type carries the switch.
+    How: wrapped.
+    Upstream: a spec factory hook for Mamba layers (none in 0.26).
 
 Engine core
 -----------
+``patch_kv_cache_spec_registry`` -> ``vllm.v1.kv_cache_spec_registry.KVCacheSpecRegistry``
+    What: registers ``LighterMambaSpec`` -> ``LighterMambaManager``, grouped with ``MambaSpec``.
+    Why: our state-block allocation, boundary caching and freeing (``v1/core``).
+    How: vLLM's own registry API (``register``), after its built-ins.
+    Upstream: this is the supported extension point; nothing to remove.
+
 ``patch_scheduler_config`` -> ``vllm.config.scheduler.SchedulerConfig.get_scheduler_cls``
-    What: returns vLLM's scheduler class (sync or async, or a user's) with
-    ``LighterMambaSchedulerMixin`` in front.
+    What: vLLM's scheduler class (sync, async or a user's) with
+    ``LighterMambaSchedulerMixin`` in front; the mixin is inert unless active.
     Why: block-aligned prefill chunks (``v1/core/sched``).
     How: wrapped.
+    Upstream: a chunk-policy hook in ``Scheduler`` (none in 0.26).
 
-``patch_kv_cache_spec_registry`` -> ``vllm.v1.kv_cache_spec_registry.KVCacheSpecRegistry.get_manager_class``
-    What: ``LighterMambaManager`` wherever upstream would build ``MambaManager``.
-    Why: our state-block allocation, boundary caching and freeing (``v1/core``).
-    How: wrapped (vLLM re-registers its built-ins at engine start, so the lookup is
-    the stable place to substitute).
-
-``patch_block_pool`` -> ``vllm.v1.core.block_pool.BlockPool._remove_cached_block_hashes``
-    What: count evicted hashes of Mamba groups (``vllm:lighter_mamba_states_evicted``).
+``patch_block_pool`` -> ``vllm.v1.core.block_pool.BlockPool._maybe_evict_cached_block``
+    What: count evicted boundary states (``vllm:lighter_mamba_states_evicted``).
     Why: evictions happen in the shared pool, outside our manager.
     How: wrapped; upstream's result is returned unchanged.
+    Upstream: eviction events with the KV-cache group (vLLM's are per block, unlabelled).
+
+``patch_engine_core`` -> ``vllm.v1.engine.core.EngineCore.lighter_mamba_counters`` (added)
+    What: a utility method returning this engine's counters.
+    Why: the front end pulls them through vLLM's engine-core utility channel (no files).
+    How: added (vLLM dispatches utility calls by method name).
+    Upstream: plugin fields in ``SchedulerStats`` (msgspec drops unknown fields in 0.26).
 
 Front end (serving)
 -------------------
-``patch_async_llm`` -> ``vllm.v1.engine.async_llm.load_stat_logger_plugin_factories``
-    What: adds ``LighterMambaStatLogger`` (Prometheus counters ``vllm:lighter_mamba_*`` and
-    a periodic log line) to the stat loggers.
-    Why: a ``vllm.stat_logger_plugins`` entry point would switch stats logging on for every
-    vLLM user of the environment, variable on or off.
-    How: wrapped; only while the variable is on.
+``patch_async_llm`` -> ``vllm.v1.engine.async_llm.AsyncLLM.do_log_stats``
+    What: pulls the counters of every engine and exports ``vllm:lighter_mamba_*``.
+    Why: ``/metrics`` for operators; only while vLLM logs stats, only while active.
+    How: wrapped; a failed pull is skipped.
+    Upstream: as for ``patch_engine_core``.
 
-Workers
--------
-``patch_gdn_attn`` / ``patch_mamba_attn`` / ``patch_linear_attn`` -> the module-level
-``mamba_get_block_table_tensor`` name in ``vllm.v1.attention.backends.{gdn_attn,
-mamba_attn,linear_attn}`` (``mamba_attn`` serves the Mamba1, Mamba2 and short-conv builders)
-    What: state indices from our gather kernel (Triton on GPU, numba on CPU).
+Workers (per step)
+------------------
+``patch_attention_backends`` -> ``mamba_get_block_table_tensor`` as imported by
+``vllm.v1.attention.backends.{gdn_attn, mamba_attn, linear_attn}``
+    What: state indices from our gather kernel (Triton on GPU, numba on CPU) for our spec.
     Why: the builders must read and write the block of this step in our layout.
-    How: the imported name is rebound to ``lighter_mamba_block_table_tensor``.
+    How: the imported name is rebound in each module; other specs go to upstream's.
+    Upstream: dispatch on the spec in ``mamba_get_block_table_tensor``.
 
 ``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs``
-    What: after inputs are prepared, copy each moving request's state into its new block.
+and ``.initialize_kv_cache``
+    What: after inputs are prepared, copy each moving request's state into its new block
+    (one fused launch on the GPU); once the KV cache exists, build the copier and compile
+    the kernels.
     Why: a state exists in one block; the next chunk continues from a different block.
-    How: wrapped (the CPU runner subclasses the GPU runner and inherits it).
-``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache``
-    What: once the KV cache is set up, compile the state-index kernels (numba; Triton on CUDA).
-    Why: otherwise the first requests pay for it (~0.3 s per numba signature on CPU).
-    How: wrapped; runs only with the lighter layout active (the CPU runner calls super()).
+    How: wrapped (the CPU runner subclasses the GPU runner and inherits both).
+    Upstream: a pre-forward hook for KV-cache managers' worker-side work.
 """
 
 from __future__ import annotations
@@ -86,13 +101,12 @@ from __future__ import annotations
 from vllm_lighter_mamba.patch import (
     patch_arg_utils,
     patch_async_llm,
+    patch_attention_backends,
     patch_block_pool,
-    patch_gdn_attn,
+    patch_engine_core,
     patch_gpu_model_runner,
-    patch_kv_cache_interface,
     patch_kv_cache_spec_registry,
-    patch_linear_attn,
-    patch_mamba_attn,
+    patch_mamba_abstract,
     patch_model_config,
     patch_platform,
     patch_scheduler_config,
@@ -102,14 +116,13 @@ PATCH_MODULES = (
     patch_arg_utils,
     patch_model_config,
     patch_platform,
-    patch_kv_cache_interface,
-    patch_scheduler_config,
+    patch_mamba_abstract,
     patch_kv_cache_spec_registry,
+    patch_scheduler_config,
     patch_block_pool,
+    patch_engine_core,
     patch_async_llm,
-    patch_gdn_attn,
-    patch_mamba_attn,
-    patch_linear_attn,
+    patch_attention_backends,
     patch_gpu_model_runner,
 )
 

@@ -8,15 +8,17 @@ from vllm.v1.core import block_pool as upstream
 from vllm.v1.core.kv_cache_utils import get_group_id
 
 from vllm_lighter_mamba.patch._util import original, replace_attr
-from vllm_lighter_mamba.v1.metrics.counters import COUNTERS, MAMBA_GROUP_IDS
+from vllm_lighter_mamba.v1.metrics.counters import engine_counters, primary_group
 
 
-def _remove_cached_block_hashes(self: Any, block: Any) -> Any:
-    removed = original(upstream.BlockPool, "_remove_cached_block_hashes")(self, block)
-    if removed and MAMBA_GROUP_IDS:
-        COUNTERS.states_evicted += sum(get_group_id(h) in MAMBA_GROUP_IDS for h in removed)
-    return removed
+def _maybe_evict_cached_block(self: Any, block: Any) -> bool:
+    group = primary_group(self)  # None unless a lighter Mamba manager uses this pool
+    is_state = group is not None and block.block_hash is not None and get_group_id(block.block_hash) == group
+    evicted = original(upstream.BlockPool, "_maybe_evict_cached_block")(self, block)
+    if evicted and is_state:
+        engine_counters(self).states_evicted += 1
+    return evicted
 
 
 def apply() -> None:
-    replace_attr(upstream.BlockPool, "_remove_cached_block_hashes", _remove_cached_block_hashes)
+    replace_attr(upstream.BlockPool, "_maybe_evict_cached_block", _maybe_evict_cached_block)

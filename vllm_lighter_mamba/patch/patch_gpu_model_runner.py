@@ -8,18 +8,20 @@ from typing import Any
 
 from vllm.v1.worker import gpu_model_runner as upstream
 
-from vllm_lighter_mamba.config import lighter_layout_active
 from vllm_lighter_mamba.ops.state_indices import warm_up_state_indices
 from vllm_lighter_mamba.patch._util import original, replace_attr
-from vllm_lighter_mamba.v1.worker.mamba_state_copy import copy_running_states, mamba_groups
+from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, lighter_groups
+
+COPIER = "_lighter_mamba_state_copier"
 
 
 def _wrap_prepare_inputs(prepare_inputs: Any) -> Any:
     @functools.wraps(prepare_inputs)
-    def _prepare_inputs(self: Any, scheduler_output: Any, num_scheduled_tokens: Any, *a, **kw):
-        result = prepare_inputs(self, scheduler_output, num_scheduled_tokens, *a, **kw)
-        if lighter_layout_active(self.cache_config):
-            copy_running_states(self, num_scheduled_tokens)
+    def _prepare_inputs(self: Any, *args: Any, **kwargs: Any):
+        result = prepare_inputs(self, *args, **kwargs)
+        copier = self.__dict__.get(COPIER)
+        if copier is not None:
+            copier.copy(self, self.input_batch.num_reqs)
         return result
 
     return _prepare_inputs
@@ -27,15 +29,17 @@ def _wrap_prepare_inputs(prepare_inputs: Any) -> Any:
 
 def _wrap_initialize_kv_cache(initialize_kv_cache: Any) -> Any:
     @functools.wraps(initialize_kv_cache)
-    def initialize_kv_cache_and_warm_up(self: Any, kv_cache_config: Any, *a, **kw):
-        result = initialize_kv_cache(self, kv_cache_config, *a, **kw)
-        if lighter_layout_active(self.cache_config):
-            specs = {spec.num_speculative_blocks for _, spec, _ in mamba_groups(kv_cache_config)}
-            for num_spec in sorted(specs):
-                warm_up_state_indices(self.device, num_spec)
+    def initialize_kv_cache_and_copier(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
+        result = initialize_kv_cache(self, kv_cache_config, *args, **kwargs)
+        groups = lighter_groups(kv_cache_config)
+        self.__dict__[COPIER] = MambaStateCopier(self, kv_cache_config) if groups else None
+        for num_spec in sorted({spec.num_speculative_blocks for _, spec, _ in groups}):
+            warm_up_state_indices(self.device, num_spec)
+        if groups:
+            self.__dict__[COPIER].warm_up(self)
         return result
 
-    return initialize_kv_cache_and_warm_up
+    return initialize_kv_cache_and_copier
 
 
 def apply() -> None:

@@ -1,28 +1,18 @@
-"""vllm.v1.kv_cache_spec_registry: our manager wherever vLLM would build MambaManager."""
+"""vllm.v1.kv_cache_spec_registry: our manager for our spec, through vLLM's own registry."""
 
 from __future__ import annotations
 
-from typing import Any
+from vllm.v1.kv_cache_interface import MambaSpec
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
-from vllm.v1 import kv_cache_spec_registry as upstream
-from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-from vllm_lighter_mamba.envs import lighter_mamba_enabled
-from vllm_lighter_mamba.patch._util import original, replace_attr
-
-
-def _get_manager_class(cls: Any, kvcache_spec: Any) -> Any:
-    from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import LighterMambaManager
-
-    manager = original(upstream.KVCacheSpecRegistry, "get_manager_class").__func__(
-        cls, kvcache_spec
-    )
-    if not lighter_mamba_enabled():
-        return manager
-    if manager is MambaManager and getattr(kvcache_spec, "mamba_cache_mode", None) == "none":
-        return LighterMambaManager
-    return manager
+from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import LighterMambaManager
+from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
 
 
 def apply() -> None:
-    replace_attr(upstream.KVCacheSpecRegistry, "get_manager_class", classmethod(_get_manager_class))
+    # vLLM registers its built-in specs lazily, only while the registry is empty: add them
+    # first so that ours does not stand alone (re-registering the same entries is allowed).
+    KVCacheSpecRegistry._ensure_registered()
+    KVCacheSpecRegistry.register(
+        LighterMambaSpec, LighterMambaManager, uniform_type_base_spec=MambaSpec
+    )

@@ -7,7 +7,7 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.platforms import interface as upstream
 
-from vllm_lighter_mamba.config import check_block_size, lighter_layout_active
+from vllm_lighter_mamba.config import check_block_size, is_active
 from vllm_lighter_mamba.patch._util import original, replace_attr
 
 logger = init_logger("vllm.lighter_mamba")
@@ -16,13 +16,12 @@ logger = init_logger("vllm.lighter_mamba")
 def _align_hybrid_block_size(cls: Any, vllm_config: Any, backend_cls: Any) -> None:
     upstream_fn = original(upstream.Platform, "_align_hybrid_block_size").__func__
     upstream_fn(cls, vllm_config, backend_cls)
-    cache_config = vllm_config.cache_config
-    if not lighter_layout_active(cache_config):
+    if not is_active(vllm_config):
         return
+    cache_config = vllm_config.cache_config
+    # The only place the lighter cache writes the Mamba block size.
     cache_config.mamba_block_size = cache_config.block_size
-    check_block_size(
-        cache_config.block_size, vllm_config.scheduler_config.max_num_batched_tokens
-    )
+    check_block_size(vllm_config)
     logger.info("lighter Mamba cache: block size %d tokens", cache_config.block_size)
 
 

@@ -6,15 +6,14 @@ from typing import Any
 
 from vllm.config import scheduler as upstream
 
-from vllm_lighter_mamba.envs import lighter_mamba_enabled
 from vllm_lighter_mamba.patch._util import original, replace_attr
 
 
 def _get_scheduler_cls(self: Any) -> type:
     from vllm_lighter_mamba.v1.core.sched.scheduler import with_lighter_mamba
 
-    scheduler_cls = original(upstream.SchedulerConfig, "get_scheduler_cls")(self)
-    return with_lighter_mamba(scheduler_cls) if lighter_mamba_enabled() else scheduler_cls
+    # The mixin is inert unless the engine's config says the lighter cache is active.
+    return with_lighter_mamba(original(upstream.SchedulerConfig, "get_scheduler_cls")(self))
 
 
 def apply() -> None:

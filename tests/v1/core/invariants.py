@@ -13,8 +13,8 @@ def expected_ref_counts(scheduler) -> Counter:
             for block in blocks:
                 if not block.is_null:
                     counts[block.block_id] += 1
-        for detached in getattr(manager, "_detached", {}).values():
-            for _, block in detached:
+        for state in getattr(manager, "states", {}).values():
+            for _, block in state.detached:
                 counts[block.block_id] += 1
     return counts
 
@@ -42,5 +42,4 @@ def check_all_returned(scheduler) -> None:
     assert all(b.ref_cnt == 0 for b in pool.blocks if not b.is_null)
     for manager in scheduler.kv_cache_manager.coordinator.single_type_managers:
         assert not any(manager.req_to_blocks.values())
-        for name in ("running_pos", "_scan_from", "_last_end", "_detached"):
-            assert not getattr(manager, name, {}), f"{name} leaked"
+        assert not getattr(manager, "states", {}), "per-request manager state leaked"

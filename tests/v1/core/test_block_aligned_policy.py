@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_lighter_mamba.v1.core.sched.policy import (
+    align_chunk_end,
     block_aligned_chunk_len,
     checkpoint_positions,
     last_cache_position,
@@ -15,9 +16,9 @@ BS = 16
 
 
 def chunk(start, n, prompt, tokens=None, eagle=False, junction=0, cold=False):
-    return block_aligned_chunk_len(
-        start, n, prompt, prompt if tokens is None else tokens, BS, eagle, junction, cold
-    )
+    tokens = prompt if tokens is None else tokens
+    stops = tuple(checkpoint_positions(last_cache_position(tokens, BS, eagle), BS)) if cold else ()
+    return block_aligned_chunk_len(start, n, prompt, tokens, BS, eagle, junction, stops)[0]
 
 
 def test_last_cache_position():
@@ -75,25 +76,60 @@ def test_checkpoint_positions_count_back_from_the_last_position():
     assert checkpoint_positions(32, 16) == [16]  # none at or below 0
 
 
-def test_cold_prompt_stops_at_checkpoints_before_its_last_position():
+def test_cold_prompt_stops_at_checkpoints_and_owes_align_its_end():
     # 300 tokens: last position 288, checkpoints 272, 256, 224.
-    assert chunk(0, 300, 300, cold=True) == 224
-    assert chunk(224, 76, 300, cold=True) == 32
-    assert chunk(256, 44, 300, cold=True) == 16
-    assert chunk(272, 28, 300, cold=True) == 16
-    assert chunk(288, 12, 300, cold=True) == 12
-    # A prompt that had a hit is not cold: one chunk to the last position.
+    stops = (272, 256, 224)
+    assert block_aligned_chunk_len(0, 300, 300, 300, BS, stops=stops) == (224, 288)
+    assert block_aligned_chunk_len(0, 100, 300, 300, BS, stops=stops) == (96, None)  # align's own end
+    assert block_aligned_chunk_len(224, 76, 300, 300, BS, stops=stops) == (32, 288)
+    assert block_aligned_chunk_len(288, 12, 300, 300, BS, stops=stops) == (12, None)
+    # A prompt that had a hit has no stops: one chunk to the last position.
     assert chunk(32, 268, 300) == 256
 
 
+def trajectory(prompt: int, budgets: list[int], block_size: int, stops: tuple[int, ...]) -> list[int]:
+    """Chunk ends of one prompt, step by step as the scheduler mixin drives the policy."""
+    ends, start, step = [], 0, 0
+    while start < prompt:
+        budget = min(budgets[step % len(budgets)], prompt - start)
+        n, owed = block_aligned_chunk_len(start, budget, prompt, prompt, block_size, stops=stops)
+        if owed is not None:
+            stops = (*stops, owed)
+        start += n
+        if n:
+            ends.append(start)
+        step += 1
+        assert step < 10_000
+    return ends
+
+
 def test_issue8_first_follower_scenario_leaves_a_state_at_the_junction():
-    # 900 shared + 250 unique tokens at block 256: the last position (1024) lies past the
-    # shared prefix; the checkpoint one block earlier is the junction 768 a follower needs.
-    ends, start = [], 0
-    while start < 1150:
-        start += block_aligned_chunk_len(start, 1150 - start, 1150, 1150, 256, cold_prompt=True)
-        ends.append(start)
-    assert 768 in ends and ends[-1] == 1150
+    # 900 shared + 300 unique tokens at block 128, budget 1024: align ends chunks at 1024
+    # and 1152, past the shared prefix; the checkpoint two blocks before (896) is the
+    # junction a follower needs, and align's ends stay ends.
+    prompt, bs = 1201, 128
+    stops = tuple(checkpoint_positions(last_cache_position(prompt, bs, False), bs))
+    ends = trajectory(prompt, [1024], bs, stops)
+    assert 896 in ends and {1024, 1152} <= set(ends) and ends[-1] == prompt
+    assert trajectory(prompt, [1024], bs, ()) == [1024, 1152, 1201]
+
+
+@given(
+    prompt=st.integers(1, 3000),
+    budget=st.integers(1, 3000),
+    block_size=st.sampled_from([16, 64, 256, 544, 1056]),
+    cold=st.booleans(),
+)
+def test_property_every_align_chunk_end_is_kept(prompt, budget, block_size, cold):
+    """Issue 13: under the same budget, checkpoints add chunk ends and never drop align's."""
+    budget = max(budget, block_size)  # start-up rejects budgets below a block
+    last = last_cache_position(prompt, block_size, False)
+    stops = tuple(checkpoint_positions(last, block_size)) if cold else ()
+    align = trajectory(prompt, [budget], block_size, ())
+    ours = trajectory(prompt, [budget], block_size, stops)
+    assert set(align) <= set(ours)
+    assert set(ours) - set(align) <= set(stops)
+    assert len(ours) <= len(align) + len(stops)
 
 
 @given(
@@ -110,17 +146,21 @@ def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block
     tokens = prompt + extra
     start = min(start_blocks * block_size, tokens - 1)
     n = min(n, tokens - start)  # the scheduler never asks for more than remains
-    got = block_aligned_chunk_len(start, n, prompt, tokens, block_size, eagle, junction, cold)
+    last = last_cache_position(tokens, block_size, eagle)
+    stops = tuple(checkpoint_positions(last, block_size)) if cold else ()
+    got, owed = block_aligned_chunk_len(start, n, prompt, tokens, block_size, eagle, junction, stops)
     assert 0 <= got <= max(n, 0)
     end = start + got
-    last = last_cache_position(tokens, block_size, eagle)
     in_prefill = start < max(prompt, tokens - 1)
     if got > 0 and in_prefill and start < last:
         # Before the last cache position a chunk ends on a block boundary or exactly there.
         assert end % block_size == 0 or end == last
         assert end <= last
     if not in_prefill or start >= last:
-        assert got == n
-    if cold and in_prefill:
-        # No chunk of a cold prompt runs past a checkpoint it could have stopped at.
-        assert not any(start < c < end for c in checkpoint_positions(last, block_size))
+        assert got == n and owed is None
+    if in_prefill and n > 0:
+        # Align's end, or the first stop inside align's chunk, which then owes align's end.
+        align_end = align_chunk_end(start, n, tokens, block_size, eagle, junction)
+        inside = [c for c in stops if start < c < align_end]
+        assert end == (min(inside) if inside else align_end)
+        assert owed == (align_end if inside else None)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_lighter_mamba.testing.sim import SimRequest, replay
+from vllm_lighter_mamba.bench.sim import SimRequest, replay
 from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import (
     LighterMambaManager,
     new_positions,
@@ -18,6 +18,7 @@ from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import (
 )
 
 from .invariants import check_all_returned, check_pool
+from .shadow import replay_with_shadow
 
 BS = 16
 
@@ -49,7 +50,7 @@ def layout_checker(num_spec=0, max_resident=None):
 def run(reqs, check=None, **kwargs):
     kwargs.setdefault("block_size", BS)
     kwargs.setdefault("max_num_batched_tokens", 64)
-    result = replay("lighter", reqs, kwargs.pop("model"), check=check, shadow=True, **kwargs)
+    result = replay_with_shadow(reqs, kwargs.pop("model"), check=check, **kwargs)
     check_all_returned(result.scheduler)
     return result
 
@@ -82,8 +83,8 @@ def test_hit_at_k_blocks(qwen3_next_dir):
         SimRequest("second", prefix + [4, 5, 6, 7], max_tokens=4, arrival_step=20),
     ]
     result = run(reqs, layout_checker(), model=qwen3_next_dir)
-    # 100 shared tokens: 6 full blocks; the first prompt's chunks ended at 32, 64, 80
-    # (cold-prompt checkpoints) and 96.
+    # 100 shared tokens: 6 full blocks; the first prompt's chunks ended at 64 (budget),
+    # 80 (a cold-prompt checkpoint inside align's last chunk 64..96) and 96.
     assert result.cached_per_request["second"] == 96
 
 
@@ -171,7 +172,7 @@ def test_property_1000_random_traces(qwen3_next_dir, seed):
     def check(scheduler, output, step):
         check_pool(scheduler)
 
-    result = replay("lighter", reqs, qwen3_next_dir, check=check, shadow=True, max_steps=20_000, **kwargs)
+    result = replay_with_shadow(reqs, qwen3_next_dir, check=check, max_steps=20_000, **kwargs)
     check_all_returned(result.scheduler)
     for r in reqs:
         hit = result.cached_per_request.get(r.request_id, 0)

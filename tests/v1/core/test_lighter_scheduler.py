@@ -7,15 +7,15 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm.config.scheduler import SchedulerConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
-from vllm_lighter_mamba.testing.sim import SimRequest, lighter_variable, replay
+from vllm_lighter_mamba.bench.sim import SimRequest, replay
 from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
 from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import LighterMambaManager
 
 from .invariants import check_all_returned, check_pool
+from .shadow import replay_with_shadow
 
 
 def aligned_chunk_checker(block_size, budget, use_eagle=False):
@@ -50,12 +50,10 @@ def workload(seed, n=10, block_size=16, prefix_len=70, max_extra=90, spread=3):
 
 def test_chunks_aligned_budget_respected_all_finish(qwen3_next_dir):
     reqs = workload(0)
-    result = replay(
-        "lighter",
+    result = replay_with_shadow(
         reqs,
         qwen3_next_dir,
         check=aligned_chunk_checker(16, 64),
-        shadow=True,
         block_size=16,
         max_num_batched_tokens=64,
     )
@@ -64,22 +62,20 @@ def test_chunks_aligned_budget_respected_all_finish(qwen3_next_dir):
     check_all_returned(result.scheduler)
 
 
-def test_variable_off_is_stock_vllm(qwen3_next_dir):
-    with lighter_variable(True):
-        pass  # patches are installed in this process from here on
-    with lighter_variable(False):
-        cls = SchedulerConfig(max_model_len=4096, is_encoder_decoder=False).get_scheduler_cls()
-        assert cls is Scheduler or cls.__module__.startswith("vllm.")
+def test_patches_are_inert_without_the_decision(qwen3_next_dir):
+    """With the patches installed in this process, a config without the lighter-cache
+    decision gets vLLM's own scheduler behaviour and manager, and the same trace twice."""
     reqs = workload(1)
-    align = replay("align", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
-    manager = align.scheduler.kv_cache_manager.coordinator.single_type_managers[1]
-    assert type(manager) is MambaManager
-    assert "LighterMamba" not in type(align.scheduler).__name__
     lighter = replay("lighter", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
     assert type(lighter.scheduler.kv_cache_manager.coordinator.single_type_managers[1]) is (
         LighterMambaManager
     )
-    # Same trace with the variable off again after the lighter run: identical to the first.
+    assert lighter.scheduler.lighter_mamba_active
+    align = replay("align", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
+    manager = align.scheduler.kv_cache_manager.coordinator.single_type_managers[1]
+    assert type(manager) is MambaManager
+    assert not align.scheduler.lighter_mamba_active
+    assert align.scheduler.lighter_counters is None
     again = replay("align", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
     assert again.chunks == align.chunks and again.outputs == align.outputs
 
@@ -131,12 +127,11 @@ def test_property_random_traces(
 ):
     budget = block_size * budget_blocks + extra_budget
     reqs = workload(seed, n=8, prefix_len=3 * block_size + seed % block_size, max_extra=4 * block_size)
-    result = replay(
-        "lighter",
+    result = replay_with_shadow(
         reqs,
         qwen3_next_dir,
         check=aligned_chunk_checker(block_size, budget, use_eagle),
-        shadow=not async_scheduling,
+        overlap=async_scheduling,
         block_size=block_size,
         max_num_batched_tokens=budget,
         num_blocks=num_blocks,  # small pools force preemption

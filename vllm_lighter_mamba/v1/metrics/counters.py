@@ -1,24 +1,22 @@
-"""Lighter-cache counters, counted in the engine-core process and published to the front end.
+"""The lighter cache's counters, kept per engine in the engine-core process.
 
-vLLM's ``SchedulerStats`` has no field a plugin can extend (msgspec drops unknown fields on
-the way to the front end), so the engine core writes its counters, at most once a second, to
-a small JSON file in a directory named after the front-end process (the engine core's
-parent); the front end's stat logger reads it and feeds Prometheus.
+They live on the engine's ``BlockPool`` (one per engine, shared by the scheduler and every
+KV-cache group's manager), so several engines in one process never mix their counts. The
+front end asks for them through vLLM's own engine-core utility channel
+(``patch_engine_core`` / ``patch_async_llm``): nothing is written anywhere, and nothing is
+computed unless a reader asks.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass
 class LighterMambaCounters:
-    # Mamba boundary states hashed into the prefix cache.
+    # Boundary states hashed into the prefix cache (one per boundary, whatever the number
+    # of Mamba KV-cache groups).
     states_cached: int = 0
     # Requests that started from a cached boundary state, and the prompt tokens it covered.
     state_hits: int = 0
@@ -29,45 +27,36 @@ class LighterMambaCounters:
     # boundary, so they were recomputed (the silent 0%-hit case of vLLM #45238).
     lost_hit_tokens: int = 0
 
+    def record_admission(self, hit_tokens: int, shared_prefix_boundary: int) -> None:
+        if hit_tokens > 0:
+            self.state_hits += 1
+            self.state_hit_tokens += hit_tokens
+        self.lost_hit_tokens += max(shared_prefix_boundary - hit_tokens, 0)
 
-COUNTERS = LighterMambaCounters()
-# KV-cache group ids of the Mamba-type groups in this process (set by the managers).
-MAMBA_GROUP_IDS: set[int] = set()
-
-_PUBLISH_INTERVAL_S = 1.0
-_last_publish = 0.0
-
-
-def channel_dir(frontend_pid: int) -> Path:
-    return Path(tempfile.gettempdir()) / f"vllm-lighter-mamba-{frontend_pid}"
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def publish(engine_index: int = 0, force: bool = False) -> None:
-    """Engine core: write the counters for the front end (rate-limited, atomic)."""
-    global _last_publish
-    now = time.monotonic()
-    if not force and now - _last_publish < _PUBLISH_INTERVAL_S:
-        return
-    _last_publish = now
-    directory = channel_dir(os.getppid())
-    directory.mkdir(exist_ok=True)
-    target = directory / f"engine-{engine_index}.json"
-    temporary = target.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(asdict(COUNTERS)))
-    os.replace(temporary, target)
+COUNTER_NAMES = tuple(f.name for f in fields(LighterMambaCounters))
+_ATTR = "_lighter_mamba_counters"
+_PRIMARY = "_lighter_mamba_primary_group"
 
 
-def read_published(frontend_pid: int) -> LighterMambaCounters:
-    """Front end: the engine cores' counters, summed (zeros before the first publish)."""
-    total = LighterMambaCounters()
-    directory = channel_dir(frontend_pid)
-    if not directory.is_dir():
-        return total
-    for path in directory.glob("engine-*.json"):
-        try:
-            values = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being replaced right now: read again next time
-        for name, value in values.items():
-            setattr(total, name, getattr(total, name) + int(value))
-    return total
+def engine_counters(block_pool: Any) -> LighterMambaCounters:
+    """The counters of the engine that owns ``block_pool`` (created on first use)."""
+    counters = getattr(block_pool, _ATTR, None)
+    if counters is None:
+        counters = LighterMambaCounters()
+        setattr(block_pool, _ATTR, counters)
+    return counters
+
+
+def claim_primary_group(block_pool: Any, group_id: int) -> None:
+    """Managers of Mamba groups register here; the lowest group id counts the states."""
+    current = getattr(block_pool, _PRIMARY, None)
+    if current is None or group_id < current:
+        setattr(block_pool, _PRIMARY, group_id)
+
+
+def primary_group(block_pool: Any) -> int | None:
+    return getattr(block_pool, _PRIMARY, None)

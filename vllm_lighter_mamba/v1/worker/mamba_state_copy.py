@@ -1,61 +1,112 @@
-"""The per-step state copy: the running state moves to this step's block before forward."""
+"""The per-step state copy: the running state moves to this step's block before the forward.
+
+A request's state lives in one block; when the block of its running position changes (a
+chunk starting at a boundary, a prefix hit, decode crossing a boundary) the kernels of this
+step must find the previous state in the new block. ``MambaStateCopier`` is built once per
+runner when the KV cache exists and runs after ``_prepare_inputs`` every step:
+
+- GPU: one Triton launch plans and copies for every state tensor of every lighter group,
+  from the runner's persistent device buffers (block tables, ``seq_lens``, scheduled
+  tokens), queued on the forward stream. The host reads no device value and copies
+  nothing to the device.
+- CPU: the same plan with numba from the same (CPU) buffers, then one indexed copy per
+  state tensor, only on steps where some request moves.
+"""
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
-import numpy as np
 import torch
-from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_lighter_mamba.ops.state_indices import mamba_state_indices
+from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
 
 
-def mamba_groups(kv_cache_config: Any) -> list[tuple[int, MambaSpec, list[str]]]:
+def lighter_groups(kv_cache_config: Any) -> list[tuple[int, LighterMambaSpec, list[str]]]:
+    """The KV-cache groups that use the lighter layout: (group id, spec, layer names)."""
     return [
         (group_id, group.kv_cache_spec, list(group.layer_names))
         for group_id, group in enumerate(kv_cache_config.kv_cache_groups)
-        if isinstance(group.kv_cache_spec, MambaSpec)
+        if isinstance(group.kv_cache_spec, LighterMambaSpec)
     ]
 
 
 def copy_states(state_tensors: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
-    """``t[dst] = t[src]`` for every state tensor of a layer (dim 0 is the block)."""
+    """``t[dst] = t[src]`` for every state tensor (dim 0 is the block)."""
     for tensor in state_tensors:
         tensor.index_copy_(0, dst, tensor.index_select(0, src))
 
 
-def copy_running_states(runner: Any, num_scheduled_tokens: np.ndarray) -> int:
-    """Copy each moving request's state into this step's block; returns the copies made.
+class MambaStateCopier:
+    def __init__(self, runner: Any, kv_cache_config: Any) -> None:
+        forward_context = runner.compilation_config.static_forward_context
+        self.groups = [
+            (group_id, spec, [t for name in names for t in forward_context[name].kv_cache])
+            for group_id, spec, names in lighter_groups(kv_cache_config)
+        ]
+        self.on_gpu = torch.device(runner.device).type == "cuda"
+        self._table_key: tuple[int, ...] | None = None
+        self._entries: torch.Tensor | None = None
+        self._word = torch.uint8
 
-    The plan comes from the CPU copy of the block table and the CPU token counts (numba,
-    no device sync); only the few requests whose state block changes this step (a chunk
-    starting at a boundary, a hit, decode crossing a boundary) get copied.
-    """
-    groups = getattr(runner, "_lighter_mamba_groups", None)
-    if groups is None:
-        groups = mamba_groups(runner.kv_cache_config)
-        runner._lighter_mamba_groups = groups
-    if not groups:
-        return 0
-    batch = runner.input_batch
-    num_reqs = batch.num_reqs
-    query_lens = torch.from_numpy(np.ascontiguousarray(num_scheduled_tokens[:num_reqs]))
-    computed = torch.from_numpy(batch.num_computed_tokens_cpu[:num_reqs])
-    seq_lens = computed.to(query_lens.dtype) + query_lens
-    forward_context = runner.compilation_config.static_forward_context
-    num_copies = 0
-    for group_id, spec, layer_names in groups:
-        table = batch.block_table[group_id].get_cpu_tensor()[:num_reqs]
-        plan = mamba_state_indices(
-            table, seq_lens, spec.block_size, spec.num_speculative_blocks, query_lens
-        )
-        moving = plan.copy_src >= 0
-        if not bool(moving.any()):
-            continue
-        src = plan.copy_src[moving].long().to(runner.device, non_blocking=True)
-        dst = plan.copy_dst[moving].long().to(runner.device, non_blocking=True)
-        for name in layer_names:
-            copy_states(forward_context[name].kv_cache, src, dst)
-        num_copies += int(moving.sum())
-    return num_copies
+    def copy(self, runner: Any, num_reqs: int) -> None:
+        seq_lens = runner.seq_lens[:num_reqs]
+        query_lens = runner.num_scheduled_tokens.gpu[:num_reqs]
+        block_tables = runner.input_batch.block_table
+        tables = [block_tables[g].get_device_tensor(num_reqs) for g, _, _ in self.groups]
+        if self.on_gpu:
+            from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton
+
+            entries = self._entries_for(tables)
+            copy_states_triton(entries, self._word, seq_lens, query_lens)
+            return
+        for (_, spec, tensors), table in zip(self.groups, tables, strict=True):
+            plan = mamba_state_indices(
+                table, seq_lens, spec.block_size, spec.num_speculative_blocks, query_lens
+            )
+            moving = plan.copy_src >= 0
+            if bool(moving.any()):  # a CPU tensor: no device to wait for
+                copy_states(tensors, plan.copy_src[moving].long(), plan.copy_dst[moving].long())
+
+    def warm_up(self, runner: Any) -> None:
+        """Compile the copy kernel at start-up (a zero-length request moves nothing)."""
+        if self.on_gpu:
+            from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton
+
+            block_tables = runner.input_batch.block_table
+            tables = [block_tables[g].get_device_tensor(1) for g, _, _ in self.groups]
+            zeros = torch.zeros(1, dtype=runner.seq_lens.dtype, device=runner.seq_lens.device)
+            copy_states_triton(self._entries_for(tables), self._word, zeros, zeros)
+
+    def _entries_for(self, tables: list[torch.Tensor]) -> torch.Tensor:
+        """The persistent state-tensor table; rebuilt only if a block table was replaced."""
+        key = tuple(table.data_ptr() for table in tables)
+        if key != self._table_key or self._entries is None:
+            self._entries, self._word = state_tensor_table(self.groups, tables)
+            self._table_key = key
+        return self._entries
+
+
+def state_tensor_table(
+    groups: list[tuple[int, LighterMambaSpec, list[torch.Tensor]]], tables: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.dtype]:
+    """One row per state tensor (``state_copy_triton.FIELDS``), in the widest common word."""
+    from vllm_lighter_mamba.ops.state_copy_triton import word_dtype
+
+    rows = []
+    for (_, spec, tensors), table in zip(groups, tables, strict=True):
+        assert table.dtype == torch.int32 and table.stride(1) == 1, "vLLM block tables are int32 rows"
+        for tensor in tensors:
+            assert tensor[0].is_contiguous(), "a state block must be contiguous"
+            size = tensor.element_size()
+            rows.append(
+                (tensor.data_ptr(), tensor.stride(0) * size, prod(tensor.shape[1:]) * size,
+                 table.data_ptr(), table.stride(0), spec.block_size, table.shape[1])
+            )
+    word = word_dtype([value for row in rows for value in row[:3]])
+    word_size = torch.tensor([], dtype=word).element_size()
+    table_rows = [(r[0], r[1] // word_size, r[2] // word_size, *r[3:]) for r in rows]
+    device = tables[0].device
+    return torch.tensor(table_rows, dtype=torch.int64, device=device), word

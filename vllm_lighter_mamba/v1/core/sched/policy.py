@@ -2,8 +2,15 @@
 
 A recurrent state exists only at the end of a chunk, and the block manager can cache a
 state only if the chunk ended exactly on a block boundary. This module holds the one
-policy, as a pure function, that both scheduler paths (waiting and running) apply after
+policy, as pure functions, that both scheduler paths (waiting and running) apply after
 the token budget and encoder inputs have shaped ``num_new_tokens``.
+
+The policy is vLLM 0.26's own (``Scheduler._mamba_block_aligned_split``, align mode), mirrored
+in :func:`align_chunk_end` without its fine-grained ``prefix_match_unit`` stop (the lighter
+cache hits whole blocks only), plus one addition, per-request stops (the cold-prompt
+checkpoints). A chunk cut at a stop owes align's end to a later chunk, so every chunk end
+align makes is also a chunk end here: under the same token budgets the lighter cache caches
+a superset of align's states.
 """
 
 from __future__ import annotations
@@ -38,6 +45,47 @@ def checkpoint_positions(
     return [last_position - d * block_size for d in distances if last_position - d * block_size > 0]
 
 
+def in_prefill(start: int, num_prompt_tokens: int, num_tokens: int) -> bool:
+    """Whether a chunk starting at ``start`` still computes the prompt (or, for a resumed
+    request, replays its outputs); decode steps are never clipped."""
+    return start < max(num_prompt_tokens, num_tokens - 1)
+
+
+def align_chunk_end(
+    start: int,
+    num_new_tokens: int,
+    num_tokens: int,
+    block_size: int,
+    use_eagle: bool = False,
+    shared_prefix_boundary: int = 0,
+) -> int:
+    """Where vLLM's align mode ends a prefill chunk ``[start, start + num_new_tokens)``.
+
+    Mirrors ``Scheduler._mamba_block_aligned_split`` of vLLM 0.26 for a request in prefill,
+    without the partial-tail stop of a finer ``prefix_match_unit``:
+
+    - before the last cache position, the end is floored to a block boundary (possibly to
+      ``start``: the request is then not scheduled this step and keeps its place);
+    - a start off the block grid first re-aligns to the next boundary;
+    - the chunk never runs past the last cache position mid-chunk;
+    - it stops at the block-floored ``shared_prefix_boundary`` (where this prompt stops
+      sharing a cached prefix with another request's, as vLLM's KV-cache manager reports it).
+    """
+    last_position = last_cache_position(num_tokens, block_size, use_eagle)
+    end = start + num_new_tokens
+    if end < last_position:
+        end = end // block_size * block_size
+    next_boundary = (start // block_size + 1) * block_size
+    stops = (
+        next_boundary if start % block_size != 0 and next_boundary <= last_position else 0,
+        last_position,
+        start + (shared_prefix_boundary - start) // block_size * block_size
+        if start < shared_prefix_boundary < end
+        else 0,
+    )
+    return min((s for s in stops if start < s < end), default=end)
+
+
 def block_aligned_chunk_len(
     start: int,
     num_new_tokens: int,
@@ -46,35 +94,20 @@ def block_aligned_chunk_len(
     block_size: int,
     use_eagle: bool = False,
     shared_prefix_boundary: int = 0,
-    cold_prompt: bool = False,
-) -> int:
-    """Clip a chunk ``[start, start + num_new_tokens)`` so its end is cacheable.
+    stops: tuple[int, ...] = (),
+) -> tuple[int, int | None]:
+    """A chunk starting at ``start``, clipped so its end is cacheable: (tokens, owed end).
 
-    - decode, or a chunk that starts at/after the last cache position: unchanged;
-    - a chunk that crosses the last cache position: ends exactly there;
-    - a chunk that ends before it: floored to a block boundary (possibly to 0 tokens,
-      in which case the request is not scheduled this step and keeps its place);
-    - a chunk that crosses the block-floored ``shared_prefix_boundary`` (where this prompt
-      stops sharing a cached prefix with another request's, as vLLM's KV-cache manager
-      reports it) also ends there, so the state at that junction is cached for siblings;
-    - on a cold prompt (no cache hit at admission), a chunk that crosses one of
-      ``checkpoint_positions`` ends at the first one it crosses.
+    The end is align's (:func:`align_chunk_end`), or the first of the request's own
+    ``stops`` inside that chunk (its cold-prompt checkpoints). A chunk cut short of align's
+    end returns that end as *owed*: the caller adds it to the request's stops, so a later
+    chunk still ends there. Every chunk end align would make is thus also one here; under
+    the same token budgets the lighter cache's chunk ends are align's plus the stops.
     """
-    if num_new_tokens <= 0:
-        return num_new_tokens
-    # Outside prefill (decode, or the replayed outputs of a resumed request are done).
-    if start >= max(num_prompt_tokens, num_tokens - 1):
-        return num_new_tokens
-    last_position = last_cache_position(num_tokens, block_size, use_eagle)
-    if start >= last_position:
-        return num_new_tokens
-    end = start + num_new_tokens
-    if end > last_position:
-        end = last_position
-    elif end < last_position:
-        end = end // block_size * block_size
-    stops = [shared_prefix_boundary // block_size * block_size]
-    if cold_prompt:
-        stops += checkpoint_positions(last_position, block_size)
-    end = min([end] + [stop for stop in stops if start < stop < end])
-    return max(end - start, 0)
+    if num_new_tokens <= 0 or not in_prefill(start, num_prompt_tokens, num_tokens):
+        return num_new_tokens, None
+    align_end = align_chunk_end(
+        start, num_new_tokens, num_tokens, block_size, use_eagle, shared_prefix_boundary
+    )
+    end = min((s for s in stops if start < s < align_end), default=align_end)
+    return max(end - start, 0), (align_end if end < align_end else None)

@@ -2,8 +2,9 @@
 
 vLLM 0.26's ``Scheduler.schedule`` already calls a chunk-splitting hook on both the
 running and the waiting path (after the token budget and encoder inputs, and skipping
-requests whose KV is being loaded asynchronously). We turn that hook on for every model
-with Mamba-type layers and give it our policy; upstream's align-mode body never runs.
+requests whose KV is being loaded asynchronously). While the engine's config says the
+lighter cache is active we turn that hook on and give it our policy; upstream's align-mode
+body never runs. Otherwise the mixin changes nothing.
 """
 
 from __future__ import annotations
@@ -11,10 +12,19 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.request import Request
 
-from vllm_lighter_mamba.v1.core.sched.policy import block_aligned_chunk_len
-from vllm_lighter_mamba.v1.metrics.counters import COUNTERS, publish
+from vllm_lighter_mamba.config import is_active
+from vllm_lighter_mamba.v1.core.sched.policy import (
+    block_aligned_chunk_len,
+    checkpoint_positions,
+    in_prefill,
+    last_cache_position,
+)
+from vllm_lighter_mamba.v1.metrics.counters import LighterMambaCounters, engine_counters
+
+logger = init_logger("vllm.lighter_mamba")
 
 
 class LighterMambaSchedulerMixin:
@@ -22,26 +32,33 @@ class LighterMambaSchedulerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Models without Mamba-type layers are scheduled exactly as upstream does.
-        self.lighter_mamba_active: bool = bool(self.has_mamba_layers)
+        self.lighter_mamba_active: bool = is_active(self.vllm_config) and bool(self.has_mamba_layers)
+        self.lighter_counters: LighterMambaCounters | None = None
         if self.lighter_mamba_active:
             self.need_mamba_block_aligned_split = True
             # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
             self.mamba_partial_cache_hit = False
+            self.lighter_counters = engine_counters(self.kv_cache_manager.block_pool)
 
     def schedule(self, *args: Any, **kwargs: Any):
         output = super().schedule(*args, **kwargs)
-        if self.lighter_mamba_active:
-            publish(self.vllm_config.parallel_config.data_parallel_rank)
+        if self.lighter_counters is not None and output.scheduled_new_reqs:
+            self._count_admissions(output.scheduled_new_reqs)
         return output
 
-    def update_from_output(self, *args: Any, **kwargs: Any):
-        outputs = super().update_from_output(*args, **kwargs)
-        if self.lighter_mamba_active and not self.has_unfinished_requests():
-            # Going idle: publish the final counts now (``schedule`` publishes at most once a
-            # second, and an idle engine core does not call it again).
-            publish(self.vllm_config.parallel_config.data_parallel_rank, force=True)
-        return outputs
+    def _count_admissions(self, new_requests: list) -> None:
+        """Hits are counted once per request, when it is first scheduled (a request that
+        found a hit but had to wait is looked up again; vLLM's own prefix-cache counter
+        counts every lookup, its per-request ``num_cached_tokens`` only the admission)."""
+        try:
+            for new in new_requests:
+                request = self.requests.get(new.req_id)
+                if request is not None and request.num_preemptions == 0:
+                    self.lighter_counters.record_admission(
+                        new.num_computed_tokens, request.shared_prefix_boundary
+                    )
+        except Exception:  # observability must never stop the engine
+            logger.exception("lighter Mamba cache: counting admissions failed; counts may be low")
 
     def _mamba_block_aligned_split(
         self,
@@ -50,17 +67,20 @@ class LighterMambaSchedulerMixin:
         num_new_local_computed_tokens: int = 0,
         num_external_computed_tokens: int = 0,
     ) -> int:
+        if not self.lighter_mamba_active:  # align mode, or no Mamba layers: upstream's policy
+            return super()._mamba_block_aligned_split(
+                request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens
+            )
         start = (
             request.num_computed_tokens
             + num_new_local_computed_tokens
             + num_external_computed_tokens
         )
-        first_admission = request.num_computed_tokens == 0 and request.num_preemptions == 0
-        if first_admission:
-            # First admission: vLLM reports where the attention groups' hit ran past the
-            # Mamba state hit; those tokens are recomputed ("lost hits").
-            COUNTERS.lost_hit_tokens += max(request.shared_prefix_boundary - start, 0)
-        return block_aligned_chunk_len(
+        # Decode (every running request, every step): nothing to clip.
+        if not in_prefill(start, request.num_prompt_tokens, request.num_tokens):
+            return num_new_tokens
+        stops = request_stops(request, start, self.cache_config.block_size, self.use_eagle)
+        num_tokens, owed = block_aligned_chunk_len(
             start=start,
             num_new_tokens=num_new_tokens,
             num_prompt_tokens=request.num_prompt_tokens,
@@ -68,19 +88,25 @@ class LighterMambaSchedulerMixin:
             block_size=self.cache_config.block_size,
             use_eagle=self.use_eagle,
             shared_prefix_boundary=request.shared_prefix_boundary,
-            cold_prompt=is_cold_prompt(request, start, first_admission),
+            stops=stops,
         )
+        if owed is not None:
+            request.lighter_mamba_stops = (*stops, owed)
+        return num_tokens
 
 
-def is_cold_prompt(request: Request, start: int, first_admission: bool) -> bool:
-    """Whether the request found no prefix-cache hit when it was first admitted.
+def request_stops(request: Request, start: int, block_size: int, use_eagle: bool) -> tuple[int, ...]:
+    """The request's own chunk stops, decided at its first admission and kept on it.
 
-    vLLM's own record of the hit (``prefill_stats``) exists only with stats logging on,
-    so the answer is kept on the request, decided at its first admission.
+    A prompt that found no prefix-cache hit ("cold") stops at its cold-prompt checkpoints;
+    vLLM's own record of the hit (``prefill_stats``) exists only with stats logging on, so
+    the answer is kept on the request (a request resumed after a preemption keeps it).
+    Chunks cut at a stop add align's end they skipped (``block_aligned_chunk_len``).
     """
-    if first_admission or not hasattr(request, "lighter_mamba_cold_prompt"):
-        request.lighter_mamba_cold_prompt = start == 0
-    return request.lighter_mamba_cold_prompt
+    if request.num_computed_tokens == 0 and request.num_preemptions == 0:
+        last = last_cache_position(request.num_tokens, block_size, use_eagle)
+        request.lighter_mamba_stops = tuple(checkpoint_positions(last, block_size)) if start == 0 else ()
+    return getattr(request, "lighter_mamba_stops", ())
 
 
 @cache

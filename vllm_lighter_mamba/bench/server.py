@@ -23,14 +23,13 @@ def free_port() -> int:
 
 
 def vllm_command() -> list[str]:
-    """The ``vllm`` command of this environment (next to this Python, else on PATH)."""
+    """The ``vllm`` command of this environment (next to this Python, else on PATH), else
+    vLLM's CLI module (hosts where vLLM is importable but its scripts are not installed)."""
     local = Path(sys.executable).with_name("vllm")
     if local.exists():
         return [str(local)]
     found = shutil.which("vllm")
-    if found is None:
-        raise RuntimeError("the `vllm` command was not found; run scripts/install.sh")
-    return [found]
+    return [found] if found else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
 def cpu_serve_args() -> list[str]:

@@ -1,7 +1,7 @@
 """The demo: ``VLLM_USE_LIGHTER_MAMBA_CACHE=1 vllm serve`` on a tiny local hybrid model,
 requests sharing a long prefix, and the prefix-cache hits they got.
 
-    python -m vllm_lighter_mamba.demo      (or: make demo)
+    python scripts/demo.py      (or: make demo)
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from vllm_lighter_mamba.testing.server import cpu_serve_args, metric_total, serve, wait_for_metric
-from vllm_lighter_mamba.testing.tiny_models import build_tiny_model
+from vllm_lighter_mamba.bench.server import cpu_serve_args, metric_total, serve, wait_for_metric
+from vllm_lighter_mamba.bench.tiny_models import build_tiny_model
 
 SYSTEM_PROMPT = (
     "You are the ship's computer of the survey vessel Lighter Mamba. Answer crew questions "
@@ -33,7 +33,9 @@ def main() -> None:
     serve_args = cpu_serve_args() + ["--enable-prompt-tokens-details", "--max-num-batched-tokens", "1024"]
     print(f"starting: VLLM_USE_LIGHTER_MAMBA_CACHE=1 vllm serve {model} {' '.join(serve_args)}")
     print(f"(server log: {log_path}; the CPU engine takes about two minutes to start)")
-    with serve(model, serve_args, lighter=True, log_path=log_path) as base_url:
+    # vLLM logs its stats (and the plugin pulls its counters) every VLLM_LOG_STATS_INTERVAL s.
+    env = {"VLLM_LOG_STATS_INTERVAL": "2"}
+    with serve(model, serve_args, lighter=True, env=env, log_path=log_path) as base_url:
         client = OpenAI(base_url=base_url + "/v1", api_key="unused")
         print(f"prompt: a shared {len(SYSTEM_PROMPT)}-character system prompt + one question each")
         total_cached = 0
@@ -49,8 +51,7 @@ def main() -> None:
             cached = (details.cached_tokens if details else 0) or 0
             total_cached += cached
             print(f"request {i}: prompt_tokens={usage.prompt_tokens} cached_tokens={cached}")
-        # The engine core publishes its counters when it goes idle; the front end picks them
-        # up with its periodic stats log (every 10 s).
+        # The front end pulls the engine's counters when it logs its stats.
         values = wait_for_metric(base_url, "vllm:lighter_mamba_state_hits_total",
                                  at_least=max(args.requests - 1, 1), timeout_s=15.0)
         hits = metric_total(values, "vllm:prefix_cache_hits_total")

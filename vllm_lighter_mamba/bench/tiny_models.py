@@ -1,6 +1,6 @@
 """Tiny random-weight hybrid models, built locally (no model hub anywhere).
 
-    python -m vllm_lighter_mamba.testing.tiny_models --arch qwen3_next --out DIR [--seed N]
+    python -m vllm_lighter_mamba.bench.tiny_models --arch qwen3_next --out DIR [--seed N]
 
 ARCH: ``qwen3_next`` (GatedDeltaNet + attention + MoE), ``nemotron_h`` (Mamba2 + attention),
 ``jamba`` (Mamba1 + attention). Weights are deterministic for a seed and saved with

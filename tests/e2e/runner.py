@@ -1,6 +1,6 @@
 """Run waves of prompts through vLLM's offline ``LLM`` in one engine and print JSON results.
 
-    python -m vllm_lighter_mamba.testing.e2e_runner SPEC.json OUT.json
+    python -m tests.e2e.runner SPEC.json OUT.json      (from the repository root)
 
 SPEC: {"mode": "none"|"align"|"lighter", "model": DIR, "engine": {EngineArgs...},
        "waves": [[prompt, ...], ...], "max_tokens": N}
@@ -55,7 +55,22 @@ def run(spec: dict) -> dict:
             }
         )
     block_size = llm.llm_engine.vllm_config.cache_config.block_size
-    return {"mode": spec["mode"], "block_size": block_size, "waves": waves}
+    return {
+        "mode": spec["mode"],
+        "block_size": block_size,
+        "waves": waves,
+        # The plugin's patches exist only in lighter-mode processes.
+        "lighter_counters": engine_counters(llm) if spec["mode"] == "lighter" else None,
+    }
+
+
+def engine_counters(llm) -> dict:
+    """The engine core's lighter-cache counters, through the same utility call the serving
+    front end uses."""
+    client = llm.llm_engine.engine_core
+    if hasattr(client, "call_utility"):  # engine core in its own process
+        return client.call_utility("lighter_mamba_counters")
+    return client.engine_core.lighter_mamba_counters()  # in-process engine core
 
 
 def main() -> None:

@@ -1,0 +1,131 @@
+"""Host time of one engine step with N running requests, lighter vs align, no model.
+
+vLLM's real ``Scheduler`` and ``KVCacheManager`` (the simulation harness, one attention and
+``--mamba-groups`` Mamba groups) run decode steps for N requests; each step is timed from
+``schedule()`` through ``update_from_output()`` plus the worker-side state-index gather of
+every Mamba group (ours: numba into a preallocated output; align: vLLM's
+``mamba_get_block_table_tensor``), as the CPU builders call it. The two modes alternate
+round by round in one process, so the ratio is paired. A benchmark, not a test.
+
+    python benchmarks/benchmark_step_overhead.py [--num-running 64,256] [--rounds 7]
+        [--steps 200] [--block-size 256] [--profile lighter]
+
+Not included: the runner's per-step copy planning (align's ``preprocess_mamba`` needs a
+live model runner) and anything on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+
+from vllm_lighter_mamba.bench.sim import SimRequest, make_request, make_scheduler, next_token
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="a hybrid model dir (config only); default: the tiny Qwen3-Next")
+    p.add_argument("--num-running", default="64,256", help="running requests per step")
+    p.add_argument("--rounds", type=int, default=7, help="alternating rounds per mode")
+    p.add_argument("--steps", type=int, default=200, help="timed decode steps per round")
+    p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=300)
+    p.add_argument("--mamba-groups", type=int, default=1, help="Mamba KV-cache groups (80B: 3)")
+    p.add_argument("--profile", choices=("align", "lighter"), help="print a cProfile of one round")
+    return p.parse_args(argv)
+
+
+class DecodeLoop:
+    """N requests of one mode, admitted and prefilled, then stepped one decode at a time."""
+
+    def __init__(self, mode: str, model: str, n: int, args: argparse.Namespace) -> None:
+        from vllm.v1.attention.backends.utils import mamba_get_block_table_tensor
+
+        from vllm_lighter_mamba.ops.state_indices import gather_state_indices
+
+        bs = args.block_size
+        self.scheduler = make_scheduler(
+            mode, model, block_size=bs, num_blocks=n * (args.prompt_len // bs + 8) * (1 + args.mamba_groups),
+            max_num_batched_tokens=max(n * args.prompt_len, 8192), max_num_seqs=n,
+            max_model_len=8192, num_mamba_groups=args.mamba_groups,
+        )
+        self.requests = {}
+        for i in range(n):
+            sim = SimRequest(f"{mode}-{i}", [(i * 7 + j) % 250 for j in range(args.prompt_len)], 10**6)
+            request = make_request(sim, bs)
+            self.requests[sim.request_id] = request
+            self.scheduler.add_request(request)
+        groups = self.scheduler.kv_cache_config.kv_cache_groups[1:]
+        self.specs = [g.kv_cache_spec for g in groups]
+        max_blocks = 8192 // bs + 1
+        self.tables = [torch.randint(1, 1000, (n, max_blocks), dtype=torch.int32) for _ in groups]
+        self.seq_lens = torch.zeros(n, dtype=torch.int32)
+        if mode == "lighter":
+            self.gather = lambda t, s, spec: gather_state_indices(t, s, spec.block_size, 0)
+        else:
+            self.gather = lambda t, s, spec: mamba_get_block_table_tensor(t, s, spec, "align")
+        while any(r.num_computed_tokens < r.num_prompt_tokens for r in self.requests.values()):
+            self.step()
+
+    def step(self) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        output = self.scheduler.schedule()
+        ids = list(output.num_scheduled_tokens)
+        n = len(ids)
+        for k, rid in enumerate(ids):
+            self.seq_lens[k] = self.requests[rid].num_computed_tokens
+        for table, spec in zip(self.tables, self.specs, strict=True):
+            self.gather(table[:n], self.seq_lens[:n], spec)
+        sampled = [[next_token(self.requests[rid].all_token_ids)] for rid in ids]
+        self.scheduler.update_from_output(
+            output, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                      sampled_token_ids=sampled)
+        )
+
+    def timed(self, steps: int) -> float:
+        """µs per step over ``steps`` decode steps."""
+        start = time.perf_counter_ns()
+        for _ in range(steps):
+            self.step()
+        return (time.perf_counter_ns() - start) / steps / 1000
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    model = args.model
+    if model is None:
+        from pathlib import Path
+
+        from vllm_lighter_mamba.bench.tiny_models import build_tiny_model
+
+        path = Path(".tiny_models/qwen3_next")
+        model = str(path if (path / "config.json").exists() else build_tiny_model("qwen3_next", path))
+    print(f"block {args.block_size}, prompt {args.prompt_len}, {args.mamba_groups} Mamba group(s), "
+          f"{args.steps} decode steps x {args.rounds} alternating rounds")
+    print("| running | align µs/step | lighter µs/step | lighter/align (paired median) |")
+    print("|---|---|---|---|")
+    for n in (int(x) for x in args.num_running.split(",")):
+        loops = {mode: DecodeLoop(mode, model, n, args) for mode in ("align", "lighter")}
+        for loop in loops.values():
+            loop.timed(20)  # warm-up (numba, allocations)
+        times: dict[str, list[float]] = {"align": [], "lighter": []}
+        for _ in range(args.rounds):
+            for mode, loop in loops.items():
+                times[mode].append(loop.timed(args.steps))
+        ratios = [b / a for a, b in zip(times["align"], times["lighter"], strict=True)]
+        print(f"| {n} | {statistics.median(times['align']):.0f} | {statistics.median(times['lighter']):.0f} "
+              f"| {statistics.median(ratios):.3f} |")
+        if args.profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(loops[args.profile].timed, args.steps)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()

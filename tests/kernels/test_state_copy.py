@@ -1,0 +1,142 @@
+"""The per-step state copy: the fused Triton plan-and-copy (GPU path) and the numba-planned
+copy (CPU path) move exactly the bytes the reference plan says, in every state tensor of
+every group, and nothing else (the whole KV buffer is compared, padding included).
+
+On the CPU the Triton kernel runs under TRITON_INTERPRET=1; on a GPU for real."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton, word_dtype
+from vllm_lighter_mamba.ops.state_indices import state_indices_torch
+from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, state_tensor_table
+
+from .conftest import requires_triton
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def kv_buffer(gen, num_blocks: int, page: int, layouts, dev: str):
+    """A raw KV buffer and, per layout (dtype, inner shape, byte offset in the page), a
+    state tensor viewing it the way vLLM lays Mamba states out (dim 0 = block, page stride)."""
+    raw = torch.randint(0, 256, (num_blocks * page,), generator=gen, dtype=torch.uint8).to(dev)
+    tensors = []
+    for dtype, shape, offset in layouts:
+        size = torch.tensor([], dtype=dtype).element_size()
+        view = raw.view(dtype)
+        strides = [page // size]
+        inner = 1
+        for dim in reversed(shape):
+            strides.insert(1, inner)
+            inner *= dim
+        tensors.append(torch.as_strided(view, (num_blocks, *shape), tuple(strides), offset // size))
+    return raw, tensors
+
+
+def reference(raw, groups, tables, seq_lens, query_lens):
+    """The plan of ``state_indices_torch`` applied with indexed copies, on a copy of ``raw``."""
+    expected = raw.clone()
+    for (spec, tensors), table in zip(groups, tables, strict=True):
+        plan = state_indices_torch(table.cpu().long(), seq_lens.cpu(), spec.block_size, 0, query_lens.cpu())
+        moving = plan.copy_src >= 0
+        for tensor in tensors:
+            mirror = torch.as_strided(
+                expected.view(tensor.dtype), tensor.shape, tensor.stride(), tensor.storage_offset()
+            )
+            src, dst = plan.copy_src[moving].long(), plan.copy_dst[moving].long()
+            mirror.index_copy_(0, dst.to(raw.device), mirror.index_select(0, src.to(raw.device)))
+    return expected
+
+
+def random_step(gen, num_reqs: int, max_blocks: int, num_blocks: int, block_size: int, dev: str):
+    """A step's inputs. Block ids are distinct across the table, as the manager guarantees
+    for the blocks a step writes (copies into a shared block would race in any order)."""
+    rows = num_reqs + 3
+    assert num_blocks > rows * max_blocks
+    ids = torch.randperm(num_blocks - 1, generator=gen)[: rows * max_blocks] + 1
+    table = ids.reshape(rows, max_blocks).to(torch.int32)
+    seq_lens = torch.randint(0, max_blocks * block_size + 1, (num_reqs,), generator=gen, dtype=torch.int32)
+    query_lens = torch.minimum(
+        torch.randint(0, 3 * block_size, (num_reqs,), generator=gen, dtype=torch.int32), seq_lens
+    )
+    return table.to(dev), seq_lens.to(dev), query_lens.to(dev)
+
+
+LAYOUTS = {
+    # GDN-like: bf16 conv state and fp32 SSM state in one padded page.
+    "gdn": ([(torch.bfloat16, (24, 3), 0), (torch.float32, (2, 8, 8), 256)], 1024),
+    # Odd byte sizes force the byte-wide copy.
+    "odd": ([(torch.uint8, (7, 3), 0), (torch.float16, (5,), 34)], 96),
+}
+
+
+@requires_triton
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("num_reqs", [1, 5, 64])
+def test_fused_copy_matches_reference(layout, num_reqs):
+    dev = device()
+    gen = torch.Generator().manual_seed(num_reqs)
+    layouts, page = LAYOUTS[layout]
+    block_size, max_blocks = 16, 6
+    num_blocks = (num_reqs + 3) * max_blocks + 1
+    raw, tensors = kv_buffer(gen, num_blocks, page, layouts, dev)
+    # Two groups: the same layers' tensors split over two block tables, as vLLM groups them.
+    spec = SimpleNamespace(block_size=block_size, num_speculative_blocks=0)
+    groups = [(spec, tensors[:1]), (spec, tensors[1:])]
+    steps = [random_step(gen, num_reqs, max_blocks, num_blocks, block_size, dev) for _ in range(2)]
+    tables = [steps[0][0], steps[1][0]]
+    seq_lens, query_lens = steps[0][1], steps[0][2]
+    expected = reference(raw, groups, tables, seq_lens, query_lens)
+    entries, word = state_tensor_table([(g, s, t) for g, (s, t) in enumerate(groups)], tables)
+    assert word == (torch.int32 if layout == "gdn" else torch.uint8)
+    copy_states_triton(entries, word, seq_lens, query_lens)
+    assert torch.equal(raw, expected)
+
+
+@requires_triton
+def test_fused_copy_moves_nothing_without_moves():
+    """Decode inside a block, fresh prefills and padding rows: not one byte changes."""
+    dev = device()
+    gen = torch.Generator().manual_seed(1)
+    layouts, page = LAYOUTS["gdn"]
+    raw, tensors = kv_buffer(gen, 20, page, layouts, dev)
+    spec = SimpleNamespace(block_size=16, num_speculative_blocks=0)
+    table = torch.arange(1, 17, dtype=torch.int32).reshape(4, 4).to(dev)
+    seq_lens = torch.tensor([20, 16, 0, 7], dtype=torch.int32, device=dev)
+    query_lens = torch.tensor([1, 16, 0, 7], dtype=torch.int32, device=dev)
+    before = raw.clone()
+    entries, word = state_tensor_table([(1, spec, tensors)], [table])
+    copy_states_triton(entries, word, seq_lens, query_lens)
+    assert torch.equal(raw, before)
+
+
+def test_word_is_the_widest_common_divisor():
+    assert word_dtype([4096, 1024, 8]) == torch.int32
+    assert word_dtype([4096, 1026, 8]) == torch.int16
+    assert word_dtype([4096, 1024, 33]) == torch.uint8
+
+
+def test_cpu_copier_matches_reference():
+    """The CPU runner's path: numba plan from the runner's buffers, indexed copies."""
+    gen = torch.Generator().manual_seed(7)
+    layouts, page = LAYOUTS["gdn"]
+    raw, tensors = kv_buffer(gen, 300, page, layouts, "cpu")
+    table, seq_lens, query_lens = random_step(gen, 32, 6, 300, 16, "cpu")
+    spec = SimpleNamespace(block_size=16, num_speculative_blocks=0)
+    expected = reference(raw, [(spec, tensors)], [table], seq_lens, query_lens)
+    copier = MambaStateCopier.__new__(MambaStateCopier)
+    copier.groups, copier.on_gpu = [(1, spec, tensors)], False
+    block_table = SimpleNamespace(get_device_tensor=lambda n: table[:n])
+    runner = SimpleNamespace(
+        seq_lens=seq_lens,
+        num_scheduled_tokens=SimpleNamespace(gpu=query_lens),
+        input_batch=SimpleNamespace(block_table={1: block_table}),
+    )
+    copier.copy(runner, 32)
+    assert torch.equal(raw, expected)
