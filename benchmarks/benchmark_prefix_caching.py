@@ -23,44 +23,56 @@ import tempfile
 MODES = ("none", "all", "align", "lighter")
 
 
+def benchmark_parser() -> argparse.ArgumentParser:
+    """The benchmark's own options (``--help`` shows these; vLLM is not imported for it)."""
+    from vllm_lighter_mamba.bench.workloads import WORKLOADS
+
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s --model DIR [benchmark options] [vLLM engine arguments]",
+        epilog="Every other option is a vLLM engine argument (EngineArgs, as for `vllm serve`: "
+        "--block-size, --max-num-batched-tokens, --enforce-eager, ...). --mamba-cache-mode "
+        "picks one mode: none (prefix caching off), all, align, lighter (default).",
+    )
+    add = parser.add_argument
+    add("--compare", default=None, help="comma list of modes (none, all, align, lighter); "
+        "ratios are to the first")
+    add("--workload", default="shared-prefix", help=f"comma list of: {', '.join(WORKLOADS)}")
+    add("--num-prompts", type=int, default=16, help="requests per workload")
+    add("--repeat-count", type=int, default=2, help="repeat: times each prompt is sent")
+    add("--prefix-len", type=int, default=1024, help="tokens of a shared prefix")
+    add("--input-length-range", default="64:256", help="MIN:MAX unique suffix tokens")
+    add("--output-len", type=int, default=16, help="generated tokens per request")
+    add("--num-turns", type=int, default=3, help="multi-turn: turns per conversation")
+    add("--trace", help="JSONL trace instead of a workload: arrival, prompt_token_ids, output_len")
+    add("--dataset-path", help="same as --trace")
+    add("--simulate", action="store_true",
+        help="replay through vLLM's real scheduler with a mocked model (no weights, no device)")
+    add("--sim-block-size", type=int, default=None, help="--simulate: block size (default 256)")
+    add("--sim-num-blocks", type=int, default=20_000, help="--simulate: KV-cache blocks")
+    add("--results-dir", help="engine mode: keep each mode's raw results in DIR/<mode>.json and "
+        "reuse them instead of re-running that mode (long engine starts)")
+    add("--show-requests", action="store_true",
+        help="also print one row per request: wave, cached and lost-hit tokens, TTFT")
+    add("--output-json", help="write summaries and per-request records here")
+    add("--plot", help="write a hit-rate / TTFT plot (PNG) here")
+    add("--worker-mode", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+    args, rest = benchmark_parser().parse_known_args(argv)
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_lighter_mamba.bench.workloads import WORKLOADS
-
-    parser = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--repeat-count", type=int, default=2)
-    parser.add_argument("--prefix-len", type=int, default=1024)
-    parser.add_argument("--input-length-range", default="64:256", help="MIN:MAX suffix tokens")
-    parser.add_argument("--output-len", type=int, default=16)
-    parser.add_argument("--num-turns", type=int, default=3, help="multi-turn: turns per conversation")
-    parser.add_argument("--dataset-path", help="JSONL trace (same format as --trace)")
-    parser.add_argument("--trace", help="JSONL: arrival, prompt_token_ids, output_len per line")
-    parser.add_argument("--compare", default=None, help="comma list of modes; ratios are to the first")
-    parser.add_argument("--workload", default="shared-prefix",
-                        help=f"comma list of: {', '.join(WORKLOADS)}")
-    parser.add_argument("--simulate", action="store_true", help="mocked model through the real scheduler")
-    parser.add_argument("--sim-block-size", type=int, default=None,
-                        help="--simulate: block size (default: --block-size, else 256)")
-    parser.add_argument("--sim-num-blocks", type=int, default=20_000)
-    parser.add_argument("--results-dir", help="engine mode: keep each mode's raw results in DIR/<mode>.json "
-                        "and reuse them instead of re-running that mode (long engine starts)")
-    parser.add_argument("--show-requests", action="store_true",
-                        help="also print one row per request: wave, cached and lost-hit tokens, TTFT")
-    parser.add_argument("--output-json")
-    parser.add_argument("--plot")
-    parser.add_argument("--worker-mode", action="store_true", help=argparse.SUPPRESS)
-    parser = EngineArgs.add_cli_args(parser)
+    engine = EngineArgs.add_cli_args(FlexibleArgumentParser(add_help=False))
     # EngineArgs' --mamba-cache-mode, widened: none = prefix caching off, all/align = vLLM's
     # modes, lighter = VLLM_USE_LIGHTER_MAMBA_CACHE=1.
-    for action in parser._actions:
+    for action in engine._actions:
         if action.dest == "mamba_cache_mode":
             action.choices, action.type = MODES, str
-            action.help = "one mode: none (prefix caching off), all, align, lighter (default)"
-    parser.set_defaults(seed=0, mamba_cache_mode=None)
-    return parser.parse_args(argv)
+    engine.set_defaults(seed=0, mamba_cache_mode=None)
+    return engine.parse_args(rest, namespace=args)
 
 
 def workload_spec(args):

@@ -6,8 +6,6 @@ vLLM loads this package through its ``vllm.general_plugins`` entry point and cal
 
 from __future__ import annotations
 
-from vllm.logger import init_logger
-
 from vllm_lighter_mamba.envs import (
     VARIABLE,
     LighterMambaConfigError,
@@ -18,8 +16,6 @@ from vllm_lighter_mamba.envs import (
 __all__ = ["register", "SUPPORTED_VLLM"]
 
 SUPPORTED_VLLM = "0.26.0"
-
-logger = init_logger("vllm.lighter_mamba")
 
 _registered = False
 
@@ -45,10 +41,12 @@ def register() -> None:
     if not requested_by_environment() or _registered:
         return
     import vllm
+    from vllm.logger import init_logger
 
     check_vllm_version(vllm.__version__)
     from vllm_lighter_mamba.patch import apply_all_patches
 
     apply_all_patches()
     _registered = True
+    logger = init_logger("vllm.lighter_mamba")
     logger.debug("%s=1: lighter Mamba cache patches installed in this process", VARIABLE)

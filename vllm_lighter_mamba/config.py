@@ -56,8 +56,6 @@ def config_conflicts(vllm_config: Any) -> list[str]:
             "chunked prefill is disabled, but prefill chunks must end on block boundaries: "
             "enable chunked prefill"
         )
-    if parallel.pipeline_parallel_size > 1:
-        problems.append("pipeline parallelism is not supported with the lighter cache")
     if getattr(parallel, "decode_context_parallel_size", 1) > 1 or getattr(
         parallel, "prefill_context_parallel_size", 1
     ) > 1:

@@ -18,13 +18,24 @@ CPU_ENGINE = {
 }
 
 
-def run_mode(mode: str, model: str, waves: list[list[str]], engine: dict, max_tokens: int = 12) -> dict:
-    env = dict(os.environ)
+def run_mode(
+    mode: str,
+    model: str,
+    waves: list[list[str]],
+    engine: dict,
+    max_tokens: int = 12,
+    env: dict | None = None,
+    **spec_extra,
+) -> dict:
+    """One engine in a fresh process; ``spec_extra``: ``metrics=True`` (vLLM's own metrics at
+    the end), ``ranks=True`` (each worker's state-copier record)."""
+    env = {**os.environ, **(env or {})}
     env["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if mode == "lighter" else "0"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        spec = {"mode": mode, "model": model, "engine": engine, "waves": waves, "max_tokens": max_tokens}
+        spec = {"mode": mode, "model": model, "engine": engine, "waves": waves, "max_tokens": max_tokens,
+                **spec_extra}
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         proc = subprocess.run(

@@ -55,12 +55,31 @@ def run(spec: dict) -> dict:
             }
         )
     block_size = llm.llm_engine.vllm_config.cache_config.block_size
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()} if spec.get("metrics") else {}
     return {
+        "kv_cache_usage": metrics.get("vllm:kv_cache_usage_perc"),
+        "ranks": llm.collective_rpc(rank_state) if spec.get("ranks") else None,
         "mode": spec["mode"],
         "block_size": block_size,
         "waves": waves,
         # The plugin's patches exist only in lighter-mode processes.
         "lighter_counters": engine_counters(llm) if spec["mode"] == "lighter" else None,
+    }
+
+
+def rank_state(worker) -> dict:
+    """Runs on every worker (``collective_rpc``): what this rank's state copier did and the
+    shapes of the state shards it moved."""
+    from vllm_lighter_mamba.patch.patch_gpu_model_runner import COPIER
+
+    copier = worker.model_runner.__dict__.get(COPIER)
+    if copier is None:
+        return {"copier": False}
+    return {
+        "copier": True,
+        "num_moves": copier.num_moves,
+        "recent_moves": list(copier.recent_moves),
+        "shapes": [[list(t.shape[1:]) for t in tensors] for _, _, tensors in copier.groups],
     }
 
 

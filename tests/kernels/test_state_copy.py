@@ -6,6 +6,7 @@ On the CPU the Triton kernel runs under TRITON_INTERPRET=1; on a GPU for real.""
 
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
@@ -132,6 +133,7 @@ def test_cpu_copier_matches_reference():
     expected = reference(raw, [(spec, tensors)], [table], seq_lens, query_lens)
     copier = MambaStateCopier.__new__(MambaStateCopier)
     copier.groups, copier.on_gpu = [(1, spec, tensors)], False
+    copier.num_moves, copier.recent_moves = 0, deque()
     block_table = SimpleNamespace(get_device_tensor=lambda n: table[:n])
     runner = SimpleNamespace(
         seq_lens=seq_lens,
@@ -140,3 +142,4 @@ def test_cpu_copier_matches_reference():
     )
     copier.copy(runner, 32)
     assert torch.equal(raw, expected)
+    assert copier.num_moves == len(copier.recent_moves) > 0

@@ -149,8 +149,7 @@ def test_unsupported_options_each_get_one_line():
         config = NS(
             cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True),
             scheduler_config=NS(enable_chunked_prefill=True),
-            parallel_config=NS(pipeline_parallel_size=1, decode_context_parallel_size=1,
-                               prefill_context_parallel_size=1),
+            parallel_config=NS(decode_context_parallel_size=1, prefill_context_parallel_size=1),
             speculative_config=None,
             kv_transfer_config=None,
             use_v2_model_runner=False,
@@ -165,7 +164,6 @@ def test_unsupported_options_each_get_one_line():
 
     assert config_conflicts(fake()) == []
     cases = {
-        "pipeline parallelism": {"parallel_config__pipeline_parallel_size": 2},
         "context parallelism": {"parallel_config__decode_context_parallel_size": 2},
         "speculative decoding": {"speculative_config": object()},
         "KV connectors": {"kv_transfer_config": object()},

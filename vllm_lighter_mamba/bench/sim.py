@@ -231,6 +231,7 @@ def replay(
     check: Callable | None = None,
     observers: Sequence[Callable] = (),
     overlap: bool = False,
+    resets: Sequence[int] = (),
     scheduler=None,
     **scheduler_kwargs,
 ) -> SimResult:
@@ -239,7 +240,9 @@ def replay(
     ``check(scheduler, output, step)`` and each ``observer(output, requests)`` run right
     after every ``schedule()`` (observers see steps in execution order). ``overlap``
     processes step N's output only after step N+1 has been scheduled, as vLLM's async
-    scheduling does (use it with ``async_scheduling=True``). Pass the ``scheduler`` of an
+    scheduling does (use it with ``async_scheduling=True``). At each step in ``resets`` the
+    prefix cache is reset with every running request preempted (vLLM's
+    ``reset_prefix_cache(reset_running_requests=True)``). Pass the ``scheduler`` of an
     earlier replay to continue on its (warm) prefix cache.
     """
     if scheduler is None:
@@ -268,6 +271,8 @@ def replay(
             from vllm.v1.request import RequestStatus
 
             scheduler.finish_requests(aborts, RequestStatus.FINISHED_ABORTED)
+        if step in resets:
+            scheduler.reset_prefix_cache(reset_running_requests=True)
         output = scheduler.schedule()
         for rid, n in output.num_scheduled_tokens.items():
             request = live[rid]

@@ -2,7 +2,8 @@
 
     python -m vllm_lighter_mamba.bench.tiny_models --arch qwen3_next --out DIR [--seed N]
 
-ARCH: ``qwen3_next`` (GatedDeltaNet + attention + MoE), ``nemotron_h`` (Mamba2 + attention),
+ARCH: ``qwen3_next`` (GatedDeltaNet + attention + MoE), ``qwen3_next_pp`` (the same, 8 layers,
+an MoE layer per pipeline stage), ``nemotron_h`` (Mamba2 + attention),
 ``jamba`` (Mamba1 + attention). Weights are deterministic for a seed and saved with
 safetensors in bf16; the tokenizer is byte-level (one token per byte) and built with the
 tokenizers library. The lm_head is scaled up so logits are peaky: greedy decoding then
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("qwen3_next", "nemotron_h", "jamba")
+ARCHS = ("qwen3_next", "qwen3_next_pp", "nemotron_h", "jamba")
 # Not tiny: built on the GPU host for benchmark figures only.
 LARGE_ARCHS = ("qwen3_next_1b",)
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
@@ -25,9 +26,11 @@ LM_HEAD_SCALE = 8.0
 
 
 def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_heads: int,
-                experts: int, moe_size: int, **sizes):
+                experts: int, moe_size: int, moe_layers: tuple[int, ...] | None = None, **sizes):
     """Qwen3-Next with its 3:1 pattern of GatedDeltaNet to full attention. vLLM's Qwen3-Next
-    needs at least one MoE layer: the last layer is sparse, the others dense."""
+    needs at least one MoE layer (on every pipeline stage): ``moe_layers`` are sparse
+    (default: the last one), the others dense."""
+    moe_layers = (num_layers - 1,) if moe_layers is None else moe_layers
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(
@@ -43,7 +46,7 @@ def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_
         linear_num_key_heads=linear_heads // 2,
         linear_num_value_heads=linear_heads,
         decoder_sparse_step=1,
-        mlp_only_layers=list(range(num_layers - 1)),
+        mlp_only_layers=[i for i in range(num_layers) if i not in moe_layers],
         num_experts=experts,
         num_experts_per_tok=2,
         moe_intermediate_size=moe_size,
@@ -61,6 +64,15 @@ def _qwen3_next_config():
     return _qwen3_next(
         num_layers=4, hidden=128, heads=4, head_dim=32, linear_heads=4, experts=4, moe_size=64,
         intermediate_size=256, num_key_value_heads=2, max_position_embeddings=8192,
+    )
+
+
+def _qwen3_next_pp_config():
+    """The tiny Qwen3-Next twice over (8 layers), an MoE layer in each half: each stage of a
+    2-stage pipeline gets GDN, attention and MoE layers."""
+    return _qwen3_next(
+        num_layers=8, hidden=128, heads=4, head_dim=32, linear_heads=4, experts=4, moe_size=64,
+        moe_layers=(3, 7), intermediate_size=256, num_key_value_heads=2, max_position_embeddings=8192,
     )
 
 
@@ -128,6 +140,7 @@ def _qwen3_next_1b_config():
 
 CONFIGS = {
     "qwen3_next": _qwen3_next_config,
+    "qwen3_next_pp": _qwen3_next_pp_config,
     "qwen3_next_1b": _qwen3_next_1b_config,
     "nemotron_h": _nemotron_h_config,
     "jamba": _jamba_config,

@@ -133,3 +133,46 @@ def trace_waves(path: str) -> list[Wave]:
             )
             by_arrival.setdefault(float(item.get("arrival", i)), []).append(request)
     return [by_arrival[k] for k in sorted(by_arrival)]
+
+
+def random_trace(rng: random.Random, one_at_a_time: bool = False, max_model_len: int = 8192):
+    """A random scheduler trace for ``bench.sim.replay``: (requests, scheduler kwargs, replay kwargs).
+
+    Shared prefixes (small vocabularies make prompts collide often), arrivals, aborts, small
+    pools (waiting and preemption), ``reset_prefix_cache`` with running requests, sync and
+    async scheduling with real overlap, block sizes from 16 to 1056 (as vLLM picks for
+    hybrid models). ``one_at_a_time``: one running request and a pool nothing is evicted from.
+    """
+    from vllm_lighter_mamba.bench.sim import SimRequest
+
+    block_size = rng.choice([16, 32, 64, 256, 544, 1056])
+    max_blocks = min(6, (max_model_len - 128) // block_size - 1)
+    vocab = rng.choice([3, 300])
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    prefixes = [tokens(rng.randrange(0, max_blocks * block_size)) for _ in range(rng.randrange(1, 4))]
+    requests = []
+    for i in range(rng.randrange(1, 8)):
+        prompt = (rng.choice(prefixes) + tokens(rng.randrange(1, 3 * block_size)))[: max_model_len - 80]
+        abort = rng.randrange(0, 40) if rng.random() < 0.15 and not one_at_a_time else None
+        requests.append(SimRequest(f"q{i}", prompt, rng.randrange(1, 40), rng.randrange(0, 30), abort))
+    budget = block_size * rng.randrange(1, 6) + rng.randrange(0, block_size)
+    async_scheduling = rng.random() < 0.5
+    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
+    # Small pools: one long request fits (the engine checks that at start-up), several wait
+    # or get preempted.
+    min_blocks = 2 * (longest // block_size + 4) + 8
+    scheduler_kwargs = {
+        "block_size": block_size,
+        "max_num_batched_tokens": budget,
+        "max_num_seqs": 1 if one_at_a_time else rng.choice([1, 2, 4, 8]),
+        "num_blocks": 1000 if one_at_a_time else rng.choice([min_blocks, 2 * min_blocks, 400]),
+        "max_model_len": max_model_len,
+        "async_scheduling": async_scheduling,
+    }
+    resets = []
+    if rng.random() < 0.2 and not one_at_a_time:
+        resets = sorted(rng.sample(range(1, 60), rng.randrange(1, 3)))
+    return requests, scheduler_kwargs, {"overlap": async_scheduling, "resets": resets}

@@ -15,6 +15,7 @@ runner when the KV cache exists and runs after ``_prepare_inputs`` every step:
 
 from __future__ import annotations
 
+from collections import deque
 from math import prod
 from typing import Any
 
@@ -47,6 +48,11 @@ class MambaStateCopier:
             for group_id, spec, names in lighter_groups(kv_cache_config)
         ]
         self.on_gpu = torch.device(runner.device).type == "cuda"
+        # CPU path: requests moved so far and the latest (group, src, dst) block ids, which
+        # tests compare across tensor- and pipeline-parallel ranks (the GPU path plans on the
+        # device and keeps nothing on the host).
+        self.num_moves = 0
+        self.recent_moves: deque[tuple[int, int, int]] = deque(maxlen=64)
         self._table_key: tuple[int, ...] | None = None
         self._entries: torch.Tensor | None = None
         self._word = torch.uint8
@@ -62,13 +68,17 @@ class MambaStateCopier:
             entries = self._entries_for(tables)
             copy_states_triton(entries, self._word, seq_lens, query_lens)
             return
-        for (_, spec, tensors), table in zip(self.groups, tables, strict=True):
+        for (group_id, spec, tensors), table in zip(self.groups, tables, strict=True):
             plan = mamba_state_indices(
                 table, seq_lens, spec.block_size, spec.num_speculative_blocks, query_lens
             )
             moving = plan.copy_src >= 0
             if bool(moving.any()):  # a CPU tensor: no device to wait for
-                copy_states(tensors, plan.copy_src[moving].long(), plan.copy_dst[moving].long())
+                src, dst = plan.copy_src[moving].long(), plan.copy_dst[moving].long()
+                copy_states(tensors, src, dst)
+                self.num_moves += len(src)
+                pairs = zip(src.tolist(), dst.tolist(), strict=True)
+                self.recent_moves.extend((group_id, s, d) for s, d in pairs)
 
     def warm_up(self, runner: Any) -> None:
         """Compile the copy kernel at start-up (a zero-length request moves nothing)."""
