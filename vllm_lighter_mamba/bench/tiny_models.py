@@ -23,6 +23,13 @@ LARGE_ARCHS = ("qwen3_next_1b",)
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
 EOS_TOKEN_ID = 256
 LM_HEAD_SCALE = 8.0
+# Every tiny model: its own LM head, and the byte tokenizer's one special token.
+TOKEN_IDS = {
+    "tie_word_embeddings": False,
+    "eos_token_id": EOS_TOKEN_ID,
+    "bos_token_id": EOS_TOKEN_ID,
+    "pad_token_id": EOS_TOKEN_ID,
+}
 
 
 def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_heads: int,
@@ -51,29 +58,23 @@ def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_
         num_experts_per_tok=2,
         moe_intermediate_size=moe_size,
         shared_expert_intermediate_size=moe_size,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_TOKEN_ID,
-        bos_token_id=EOS_TOKEN_ID,
-        pad_token_id=EOS_TOKEN_ID,
+        **TOKEN_IDS,
         **sizes,
     )
 
 
-def _qwen3_next_config():
+def _qwen3_next_config(num_layers: int = 4, moe_layers: tuple[int, ...] | None = None):
     """3 GDN layers + 1 attention layer (with the MoE), hidden 128."""
     return _qwen3_next(
-        num_layers=4, hidden=128, heads=4, head_dim=32, linear_heads=4, experts=4, moe_size=64,
-        intermediate_size=256, num_key_value_heads=2, max_position_embeddings=8192,
+        num_layers=num_layers, hidden=128, heads=4, head_dim=32, linear_heads=4, experts=4, moe_size=64,
+        moe_layers=moe_layers, intermediate_size=256, num_key_value_heads=2, max_position_embeddings=8192,
     )
 
 
 def _qwen3_next_pp_config():
     """The tiny Qwen3-Next twice over (8 layers), an MoE layer in each half: each stage of a
     2-stage pipeline gets GDN, attention and MoE layers."""
-    return _qwen3_next(
-        num_layers=8, hidden=128, heads=4, head_dim=32, linear_heads=4, experts=4, moe_size=64,
-        moe_layers=(3, 7), intermediate_size=256, num_key_value_heads=2, max_position_embeddings=8192,
-    )
+    return _qwen3_next_config(num_layers=8, moe_layers=(3, 7))
 
 
 def _nemotron_h_config():
@@ -95,10 +96,7 @@ def _nemotron_h_config():
         expand=2,
         chunk_size=64,
         max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_TOKEN_ID,
-        bos_token_id=EOS_TOKEN_ID,
-        pad_token_id=EOS_TOKEN_ID,
+        **TOKEN_IDS,
     )
 
 
@@ -123,10 +121,7 @@ def _jamba_config():
         mamba_expand=2,
         use_mamba_kernels=False,
         max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_TOKEN_ID,
-        bos_token_id=EOS_TOKEN_ID,
-        pad_token_id=EOS_TOKEN_ID,
+        **TOKEN_IDS,
     )
 
 
