@@ -14,7 +14,7 @@ import torch
 
 from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton, word_dtype
 from vllm_lighter_mamba.ops.state_indices import state_indices_torch
-from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, state_tensor_table
+from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, any_moves, state_tensor_table
 
 from .conftest import requires_triton
 
@@ -123,6 +123,63 @@ def test_word_is_the_widest_common_divisor():
     assert word_dtype([4096, 1024, 33]) == torch.uint8
 
 
+def fake_runner(table, seq_lens, query_lens):
+    block_table = SimpleNamespace(get_device_tensor=lambda n: table[:n])
+    return SimpleNamespace(
+        seq_lens=seq_lens,
+        num_scheduled_tokens=SimpleNamespace(gpu=query_lens),
+        input_batch=SimpleNamespace(
+            block_table={1: block_table}, num_computed_tokens_cpu=(seq_lens - query_lens).cpu().numpy()
+        ),
+    )
+
+
+def copier_for(spec, tensors, on_gpu: bool) -> MambaStateCopier:
+    copier = MambaStateCopier.__new__(MambaStateCopier)
+    copier.groups, copier.on_gpu, copier.block_sizes = [(1, spec, tensors)], on_gpu, [spec.block_size]
+    copier.num_moves, copier.recent_moves = 0, deque()
+    copier._table_key, copier._entries, copier._word = None, None, torch.uint8
+    return copier
+
+
+def test_host_move_check_agrees_with_the_plan():
+    gen = torch.Generator().manual_seed(3)
+    for num_reqs in (1, 4, 64):
+        for _ in range(50):
+            table, seq_lens, query_lens = random_step(gen, num_reqs, 6, (num_reqs + 3) * 6 + 1, 16, "cpu")
+            plan = state_indices_torch(table.long(), seq_lens, 16, 0, query_lens)
+            computed = (seq_lens - query_lens).numpy()
+            assert any_moves(computed, query_lens.numpy(), [16]) == bool((plan.copy_src >= 0).any())
+
+
+@requires_triton
+@pytest.mark.parametrize("moves", [True, False])
+def test_gpu_path_skips_the_launch_only_when_nothing_moves(moves, monkeypatch):
+    """The runner's GPU path (run here on whatever device Triton has): with the host counts,
+    a step without moves launches nothing; with moves, the fused copy runs and is exact."""
+    import vllm_lighter_mamba.ops.state_copy_triton as triton_copy
+
+    dev = device()
+    gen = torch.Generator().manual_seed(11)
+    layouts, page = LAYOUTS["gdn"]
+    raw, tensors = kv_buffer(gen, 200, page, layouts, dev)
+    table, seq_lens, query_lens = random_step(gen, 16, 6, 200, 16, dev)
+    if not moves:  # decode inside the running block for every request
+        seq_lens = torch.full_like(seq_lens, 20)
+        query_lens = torch.ones_like(query_lens)
+    spec = SimpleNamespace(block_size=16, num_speculative_blocks=0)
+    expected = reference(raw, [(spec, tensors)], [table], seq_lens, query_lens)
+    before = raw.clone()
+    launches = []
+    upstream = triton_copy.copy_states_triton
+    monkeypatch.setattr(triton_copy, "copy_states_triton", lambda *a: launches.append(1) or upstream(*a))
+    copier = copier_for(spec, tensors, on_gpu=True)
+    copier.copy(fake_runner(table, seq_lens, query_lens), 16, query_lens.cpu().numpy())
+    assert torch.equal(raw, expected)
+    assert launches == ([1] if moves else [])
+    assert torch.equal(raw, before) != moves  # the random step really moved states
+
+
 def test_cpu_copier_matches_reference():
     """The CPU runner's path: numba plan from the runner's buffers, indexed copies."""
     gen = torch.Generator().manual_seed(7)
@@ -131,15 +188,7 @@ def test_cpu_copier_matches_reference():
     table, seq_lens, query_lens = random_step(gen, 32, 6, 300, 16, "cpu")
     spec = SimpleNamespace(block_size=16, num_speculative_blocks=0)
     expected = reference(raw, [(spec, tensors)], [table], seq_lens, query_lens)
-    copier = MambaStateCopier.__new__(MambaStateCopier)
-    copier.groups, copier.on_gpu = [(1, spec, tensors)], False
-    copier.num_moves, copier.recent_moves = 0, deque()
-    block_table = SimpleNamespace(get_device_tensor=lambda n: table[:n])
-    runner = SimpleNamespace(
-        seq_lens=seq_lens,
-        num_scheduled_tokens=SimpleNamespace(gpu=query_lens),
-        input_batch=SimpleNamespace(block_table={1: block_table}),
-    )
-    copier.copy(runner, 32)
+    copier = copier_for(spec, tensors, on_gpu=False)
+    copier.copy(fake_runner(table, seq_lens, query_lens), 32, query_lens.numpy())
     assert torch.equal(raw, expected)
     assert copier.num_moves == len(copier.recent_moves) > 0

@@ -17,11 +17,11 @@ COPIER = "_lighter_mamba_state_copier"
 
 def _wrap_prepare_inputs(prepare_inputs: Any) -> Any:
     @functools.wraps(prepare_inputs)
-    def _prepare_inputs(self: Any, *args: Any, **kwargs: Any):
-        result = prepare_inputs(self, *args, **kwargs)
+    def _prepare_inputs(self: Any, scheduler_output: Any, num_scheduled_tokens: Any, *args, **kwargs):
+        result = prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
         copier = self.__dict__.get(COPIER)
         if copier is not None:
-            copier.copy(self, self.input_batch.num_reqs)
+            copier.copy(self, self.input_batch.num_reqs, num_scheduled_tokens)
         return result
 
     return _prepare_inputs

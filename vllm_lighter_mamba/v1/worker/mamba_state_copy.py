@@ -19,6 +19,7 @@ from collections import deque
 from math import prod
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_lighter_mamba.ops.state_indices import mamba_state_indices
@@ -32,6 +33,20 @@ def lighter_groups(kv_cache_config: Any) -> list[tuple[int, LighterMambaSpec, li
         for group_id, group in enumerate(kv_cache_config.kv_cache_groups)
         if isinstance(group.kv_cache_spec, LighterMambaSpec)
     ]
+
+
+def any_moves(computed: np.ndarray, scheduled: np.ndarray, block_sizes: list[int]) -> bool:
+    """Whether some request's state block changes this step (the rule of the plan:
+    ``c > 0`` and ``(c - 1) // block_size != (c + q - 1) // block_size``), from host counts.
+
+    The host counts are exact without speculative decoding (rejected at start-up): under
+    async spec decode vLLM's CPU counts are optimistic and only the device's are exact.
+    """
+    started = computed > 0
+    for block_size in block_sizes:
+        if np.any(started & ((computed - 1) // block_size != (computed + scheduled - 1) // block_size)):
+            return True
+    return False
 
 
 def copy_states(state_tensors: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -48,6 +63,7 @@ class MambaStateCopier:
             for group_id, spec, names in lighter_groups(kv_cache_config)
         ]
         self.on_gpu = torch.device(runner.device).type == "cuda"
+        self.block_sizes = sorted({spec.block_size for _, spec, _ in self.groups})
         # CPU path: requests moved so far and the latest (group, src, dst) block ids, which
         # tests compare across tensor- and pipeline-parallel ranks (the GPU path plans on the
         # device and keeps nothing on the host).
@@ -57,7 +73,14 @@ class MambaStateCopier:
         self._entries: torch.Tensor | None = None
         self._word = torch.uint8
 
-    def copy(self, runner: Any, num_reqs: int) -> None:
+    def copy(self, runner: Any, num_reqs: int, num_scheduled: np.ndarray | None = None) -> None:
+        """``num_scheduled``: this step's scheduled tokens per request, on the host (the array
+        ``_prepare_inputs`` received); with it, a step in which no request's state block
+        changes (most decode steps) launches nothing."""
+        if self.on_gpu and num_scheduled is not None:
+            computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs]
+            if not any_moves(computed, num_scheduled[:num_reqs], self.block_sizes):
+                return
         seq_lens = runner.seq_lens[:num_reqs]
         query_lens = runner.num_scheduled_tokens.gpu[:num_reqs]
         block_tables = runner.input_batch.block_table
