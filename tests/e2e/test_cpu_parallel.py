@@ -82,10 +82,11 @@ def test_every_rank_copies_the_same_blocks_of_its_own_states(runs):
     ranks = results["lighter"]["ranks"]
     single = results["lighter_one_rank"]["ranks"][0]
     assert len(ranks) == 2 and all(rank["copier"] and rank["num_moves"] > 0 for rank in ranks)
-    # One scheduler: both ranks moved the same states between the same block ids, and did so
-    # as often as a single rank does for the same requests.
-    assert ranks[0]["recent_moves"] == ranks[1]["recent_moves"] == single["recent_moves"]
-    assert ranks[0]["num_moves"] == ranks[1]["num_moves"] == single["num_moves"]
+    # One scheduler: both ranks moved the same states between the same block ids, step by
+    # step. (A separate one-rank engine may batch the requests differently: the engine core
+    # starts on the first request while the others are still being added.)
+    assert ranks[0]["num_moves"] == ranks[1]["num_moves"] <= 256  # all of them recorded
+    assert ranks[0]["recent_moves"] == ranks[1]["recent_moves"]
     if layout == "tp2":
         # Each rank holds half of every state (its share of the heads).
         for rank in ranks:

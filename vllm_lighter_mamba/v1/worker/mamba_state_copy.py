@@ -68,7 +68,7 @@ class MambaStateCopier:
         # tests compare across tensor- and pipeline-parallel ranks (the GPU path plans on the
         # device and keeps nothing on the host).
         self.num_moves = 0
-        self.recent_moves: deque[tuple[int, int, int]] = deque(maxlen=64)
+        self.recent_moves: deque[tuple[int, int, int]] = deque(maxlen=256)
         self._table_key: tuple[int, ...] | None = None
         self._entries: torch.Tensor | None = None
         self._word = torch.uint8
