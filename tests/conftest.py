@@ -4,6 +4,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples every run (a failure is a finding, not a flake); explore with
+# HYPOTHESIS_PROFILE=explore (random examples) or LIGHTER_MAMBA_TRACES=10000 (trace suite).
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # vLLM's CPU backend reserves most of the machine's RAM for KV cache by default.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
