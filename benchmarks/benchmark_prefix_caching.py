@@ -8,6 +8,8 @@ KVCacheManager with a mocked model (no weights, no device).
     python benchmarks/benchmark_prefix_caching.py --model DIR --compare none,align,lighter \\
         --workload shared-prefix,divergent --output-json out.json --plot out.png
     python benchmarks/benchmark_prefix_caching.py --simulate --model DIR --num-prompts 10000 ...
+    python benchmarks/benchmark_prefix_caching.py --simulate --model DIR --workload multi-prefix \\
+        --sim-num-blocks 600,800,1200,100000 --plot sweep.png     # hit rate against pool size
 """
 
 from __future__ import annotations
@@ -43,13 +45,25 @@ def benchmark_parser() -> argparse.ArgumentParser:
     add("--prefix-len", type=int, default=1024, help="tokens of a shared prefix")
     add("--input-length-range", default="64:256", help="MIN:MAX unique suffix tokens")
     add("--output-len", type=int, default=16, help="generated tokens per request")
-    add("--num-turns", type=int, default=3, help="multi-turn: turns per conversation")
+    add("--num-turns", type=int, default=3, help="multi-turn, multi-turn-sessions: turns per conversation")
+    add("--num-prefixes", type=int, default=48,
+        help="multi-prefix, multi-turn-sessions: system prompts (lengths --prefix-len x 0.5..1.5)")
+    add("--zipf-s", type=float, default=1.0, help="multi-prefix: Zipf exponent of system-prompt popularity")
+    add("--arrival-rate", type=float, default=1.0,
+        help="open workloads, --simulate: requests per scheduler step (Poisson)")
+    add("--think-steps", default="0:50",
+        help="multi-turn-sessions, --simulate: MIN:MAX steps between a reply and the next turn")
     add("--trace", help="JSONL trace instead of a workload: arrival, prompt_token_ids, output_len")
     add("--dataset-path", help="same as --trace")
     add("--simulate", action="store_true",
         help="replay through vLLM's real scheduler with a mocked model (no weights, no device)")
     add("--sim-block-size", type=int, default=None, help="--simulate: block size (default 256)")
-    add("--sim-num-blocks", type=int, default=20_000, help="--simulate: KV-cache blocks")
+    add("--sim-num-blocks", default="20000",
+        help="--simulate: KV-cache blocks, or a comma list to sweep (the largest is the 'unlimited' "
+        "reference; --plot then draws hit rate against pool size)")
+    add("--sim-mamba-groups", type=int, default=None,
+        help="--simulate: Mamba KV-cache groups, i.e. pages per cached state (default: as vLLM groups "
+        "the model's layers, e.g. 3 for Qwen3-Next-80B; 1 if it cannot tell)")
     add("--results-dir", help="engine mode: keep each mode's raw results in DIR/<mode>.json and "
         "reuse them instead of re-running that mode (long engine starts)")
     add("--show-requests", action="store_true",
@@ -79,6 +93,7 @@ def workload_spec(args):
     from vllm_lighter_mamba.bench.workloads import WorkloadSpec
 
     low, high = (int(x) for x in args.input_length_range.split(":"))
+    think_low, think_high = (int(x) for x in args.think_steps.split(":"))
     return WorkloadSpec(
         num_prompts=args.num_prompts,
         repeat_count=args.repeat_count,
@@ -87,6 +102,10 @@ def workload_spec(args):
         output_len=args.output_len,
         seed=args.seed or 0,
         num_turns=args.num_turns,
+        num_prefixes=args.num_prefixes,
+        zipf_s=args.zipf_s,
+        arrival_rate=args.arrival_rate,
+        think_steps=(think_low, think_high),
     )
 
 
@@ -102,10 +121,21 @@ def sources(args):
 
 
 def modes_of(args) -> list[str]:
+    """The modes to run; --simulate also takes lighter:off (no retention policy: vLLM's LRU
+    eviction order) and lighter:alpha=X,spec=Y (other settings)."""
     modes = args.compare.split(",") if args.compare else [args.mamba_cache_mode or "lighter"]
     for mode in modes:
-        if mode not in MODES:
-            raise SystemExit(f"unknown mode {mode!r}; expected {', '.join(MODES)}")
+        if mode in MODES:
+            continue
+        if args.simulate and mode.startswith("lighter:"):
+            from vllm_lighter_mamba.bench.sim import parse_mode
+
+            try:
+                parse_mode(mode)
+            except ValueError as error:
+                raise SystemExit(str(error)) from None
+            continue
+        raise SystemExit(f"unknown mode {mode!r}; expected {', '.join(MODES)}")
     return modes
 
 
@@ -191,33 +221,46 @@ def strip_parent_flags(argv: list[str]) -> list[str]:
     return kept
 
 
+def pool_sizes(args) -> list[int]:
+    return [int(x) for x in str(args.sim_num_blocks).split(",")]
+
+
 def simulate(args, modes: list[str]) -> list[dict]:
     from vllm_lighter_mamba.bench.runners import run_simulated
+    from vllm_lighter_mamba.bench.sim import model_mamba_groups
 
     block_size = args.sim_block_size or args.block_size or 256
+    mamba_groups = args.sim_mamba_groups or model_mamba_groups(args.model)
     results = []
-    for mode in modes:
-        if mode == "all":
-            print("--simulate: skipping mode 'all' (its layout needs the model's kernels)")
-            continue
-        for name, source in sources(args):
-            result = run_simulated(
-                mode, name, source, args.model,
-                block_size=block_size,
-                num_blocks=args.sim_num_blocks,
-                max_num_batched_tokens=args.max_num_batched_tokens or 2048,
-                max_num_seqs=args.max_num_seqs or 256,
-                max_model_len=args.max_model_len or 8192,
-            )
-            results.append(result.to_json())
+    for num_blocks in pool_sizes(args):
+        for mode in modes:
+            if mode == "all":
+                print("--simulate: skipping mode 'all' (its layout needs the model's kernels)")
+                continue
+            for name, source in sources(args):
+                result = run_simulated(
+                    mode, name, source, args.model,
+                    block_size=block_size,
+                    num_blocks=num_blocks,
+                    num_mamba_groups=mamba_groups,
+                    max_num_batched_tokens=args.max_num_batched_tokens or 2048,
+                    max_num_seqs=args.max_num_seqs or 256,
+                    max_model_len=args.max_model_len or 8192,
+                )
+                results.append(result.to_json())
     return results
 
 
+def case(summary: dict) -> tuple:
+    """What a mode is compared within: the workload (and the pool size of a sweep)."""
+    return summary["workload"], summary.get("num_blocks")
+
+
 def add_ratios(summaries: list[dict]) -> None:
-    """Ratios to the first mode of the same workload, and greedy-output agreement."""
-    first: dict[str, dict] = {}
+    """Ratios to the first mode of the same workload (and pool size)."""
+    first: dict[tuple, dict] = {}
     for s in summaries:
-        base = first.setdefault(s["workload"], s)
+        base = first.setdefault(case(s), s)
         for key in ("hit_rate", "cached_tokens", "wall_s", "ttft_p50_s", "ttft_p99_s", "output_tok_s",
                     "decode_tok_s", "peak_blocks", "mean_blocks"):
             if s.get(key) is not None and base.get(key):
@@ -225,9 +268,10 @@ def add_ratios(summaries: list[dict]) -> None:
 
 
 def add_agreement(results: list[dict]) -> None:
-    first: dict[str, dict] = {}
+    """Greedy-output agreement with the first mode of the same workload (and pool size)."""
+    first: dict[tuple, dict] = {}
     for r in results:
-        base = first.setdefault(r["summary"]["workload"], r)
+        base = first.setdefault(case(r["summary"]), r)
         ours = {q["request_id"]: q["output_token_ids"] for q in r["requests"]}
         theirs = {q["request_id"]: q["output_token_ids"] for q in base["requests"]}
         same = sum(ours[k] == theirs.get(k) for k in ours)
@@ -235,10 +279,11 @@ def add_agreement(results: list[dict]) -> None:
 
 
 def print_table(summaries: list[dict]) -> None:
-    columns = ["workload", "mode", "hit_rate", "cached_tokens", "prompt_tokens", "wall_s", "ttft_p50_s",
-               "ttft_p99_s", "output_tok_s", "decode_tok_s", "peak_blocks", "mean_blocks", "steps",
-               "lost_hit_tokens", "output_agreement", "hit_rate_ratio", "ttft_p50_s_ratio",
-               "decode_tok_s_ratio", "peak_blocks_ratio"]
+    columns = ["workload", "mode", "num_blocks", "hit_rate", "cached_tokens", "prompt_tokens", "wall_s",
+               "ttft_p50_s", "ttft_p99_s", "output_tok_s", "decode_tok_s", "peak_blocks", "mean_blocks",
+               "cached_state_peak", "cached_state_mean", "cached_attn_peak", "cached_attn_mean",
+               "evicted_blocks", "preemptions", "steps", "lost_hit_tokens", "output_agreement",
+               "hit_rate_ratio", "ttft_p50_s_ratio", "decode_tok_s_ratio", "peak_blocks_ratio"]
     columns = [c for c in columns if any(s.get(c) is not None for s in summaries)]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
@@ -262,6 +307,81 @@ def print_requests(results: list[dict]) -> None:
             ttft = "" if q.get("ttft_s") is None else f"{q['ttft_s']:.4g}"
             print(f"| {s['mode']} | {s['workload']} | {q['wave']} | {q['request_id']} | {q['prompt_tokens']} "
                   f"| {q['cached_tokens']} | {lost} | {ttft} |")
+
+
+def sweep_report(summaries: list[dict], pressure: float = 0.8) -> dict:
+    """Hit rate against pool size, per workload: each mode's rate, align's share of its
+    rate in the largest pool ('unlimited'), and every mode's ratio to align. Pool sizes where
+    align keeps at most ``pressure`` of its unlimited rate are the 'pressure' points."""
+    report: dict = {}
+    for workload in dict.fromkeys(s["workload"] for s in summaries):
+        rows = [s for s in summaries if s["workload"] == workload and s.get("num_blocks") is not None]
+        sizes = sorted({s["num_blocks"] for s in rows})
+        modes = list(dict.fromkeys(s["mode"] for s in rows))
+        rate = {(s["mode"], s["num_blocks"]): s["hit_rate"] for s in rows}
+        evicted = {(s["mode"], s["num_blocks"]): s.get("evicted_blocks") for s in rows}
+        base = "align" if "align" in modes else modes[0]
+        unlimited = rate.get((base, sizes[-1]), 0.0)
+        points = []
+        for size in sizes:
+            point = {"num_blocks": size, "hit_rate": {m: rate.get((m, size)) for m in modes}}
+            if unlimited:
+                point[f"{base}_retained"] = rate.get((base, size), 0.0) / unlimited
+            denominator = rate.get((base, size)) or 0.0
+            point["ratio_to_" + base] = {
+                m: (rate[(m, size)] / denominator if denominator else None)
+                for m in modes
+                if (m, size) in rate
+            }
+            point["pressure"] = bool(unlimited) and rate.get((base, size), 0.0) <= pressure * unlimited
+            points.append(point)
+        report[workload] = {
+            "base": base,
+            "unlimited_num_blocks": sizes[-1],
+            "unlimited_evicted_blocks": {m: evicted.get((m, sizes[-1])) for m in modes},
+            "points": points,
+        }
+    return report
+
+
+def print_sweep(report: dict) -> None:
+    for workload, sweep in report.items():
+        base = sweep["base"]
+        modes = list(sweep["points"][0]["hit_rate"])
+        print(f"# {workload}: hit rate against pool size (blocks); ratios to {base}; "
+              f"'pressure' = {base} keeps <= 80% of its rate at {sweep['unlimited_num_blocks']} blocks")
+        others = [m for m in modes if m != base]
+        print("| num_blocks | " + " | ".join(modes) + f" | {base} retained | "
+              + " | ".join(f"{m} / {base}" for m in others) + " | pressure |")
+        print("|---" * (len(modes) + len(others) + 3) + "|")
+        for p in sweep["points"]:
+            rates = " | ".join("" if p["hit_rate"][m] is None else f"{p['hit_rate'][m]:.4f}" for m in modes)
+            ratio = p["ratio_to_" + base]
+            ratios = " | ".join("" if ratio.get(m) is None else f"{ratio[m]:.3f}" for m in others)
+            retained = p.get(f"{base}_retained")
+            print(f"| {p['num_blocks']} | {rates} | {'' if retained is None else f'{retained:.3f}'} | "
+                  f"{ratios} | {'yes' if p['pressure'] else ''} |")
+
+
+def plot_sweep(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(report), figsize=(6 * len(report), 4), squeeze=False)
+    for ax, (workload, sweep) in zip(axes[0], report.items(), strict=True):
+        sizes = [p["num_blocks"] for p in sweep["points"]]
+        for mode in sweep["points"][0]["hit_rate"]:
+            ax.plot(sizes, [p["hit_rate"][mode] for p in sweep["points"]], marker="o", label=mode)
+        ax.set_xscale("log")
+        ax.set_xlabel("pool size (blocks)")
+        ax.set_ylabel("token hit rate")
+        ax.set_title(workload)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 def cell(summaries: list[dict], workload: str, mode: str, key: str) -> float:
@@ -313,8 +433,11 @@ def main(argv=None) -> None:
     add_agreement(results)
     summaries = [r["summary"] for r in results]
     add_ratios(summaries)
+    sweep = sweep_report(summaries) if args.simulate and len(pool_sizes(args)) > 1 else None
     print(f"# block size {block_size}; {'simulated' if args.simulate else 'engine'}; modes {modes}")
     print_table(summaries)
+    if sweep:
+        print_sweep(sweep)
     if args.show_requests:
         print_requests(results)
     if args.output_json:
@@ -328,9 +451,14 @@ def main(argv=None) -> None:
             }
             report = {"block_size": block_size, "simulate": args.simulate, "argv": argv,
                       "results": summaries, "requests": requests}
+            if sweep:
+                report["sweep"] = sweep
             json.dump(report, f)
     if args.plot:
-        plot(summaries, args.plot)
+        if sweep:
+            plot_sweep(sweep, args.plot)
+        else:
+            plot(summaries, args.plot)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_lighter_mamba.envs import VARIABLE, LighterMambaConfigError
+from vllm_lighter_mamba.v1.core.retention_policy import SETTINGS_KEY, RetentionSettings, parse_settings
 
 CONFIG_KEY = "lighter_mamba_cache"
 
@@ -23,6 +24,13 @@ def is_active(vllm_config: Any) -> bool:
     """Whether the lighter layout runs for this engine (the one place every patch asks)."""
     additional = getattr(vllm_config, "additional_config", None)
     return isinstance(additional, dict) and additional.get(CONFIG_KEY) is True
+
+
+def retention_settings(vllm_config: Any) -> RetentionSettings | None:
+    """The state retention policy's settings (``additional_config["lighter_mamba_retention"]``:
+    absent = on with the measured defaults, ``"off"`` = vLLM's LRU eviction order)."""
+    additional = getattr(vllm_config, "additional_config", None)
+    return parse_settings(additional.get(SETTINGS_KEY) if isinstance(additional, dict) else None)
 
 
 def with_decision(additional_config: Any, active: bool) -> dict:
@@ -70,6 +78,10 @@ def config_conflicts(vllm_config: Any) -> list[str]:
             "KV connectors and KV offloading (--kv-transfer-config, --kv-offloading-size) "
             "are not supported yet: an external hit would start past the cached Mamba state"
         )
+    try:
+        retention_settings(vllm_config)
+    except LighterMambaConfigError as error:
+        problems.append(str(error))
     if getattr(vllm_config, "use_v2_model_runner", False):
         problems.append(
             "vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1) is not supported: the "

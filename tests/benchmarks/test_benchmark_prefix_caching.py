@@ -95,3 +95,28 @@ def test_first_follower_anomaly_per_request(qwen3_next_dir, tmp_path):
     assert [per["align"][f"p{i}"]["cached_tokens"] for i in (2, 3)] == [768, 768]
     assert [per["lighter"][f"p{i}"]["cached_tokens"] for i in (1, 2, 3)] == [768, 768, 768]
     assert all(q["lost_hit_tokens"] == 0 for q in per["lighter"].values())
+
+
+def test_simulated_pool_size_sweep(qwen3_next_dir, tmp_path):
+    """--sim-num-blocks with a list: every mode at every pool size on the open workloads, the
+    pages cached states and cached attention KV hold, hit rate against pool size (JSON and
+    plot), and the pressure points where align keeps at most 80% of its unlimited rate."""
+    report = run(["--simulate", "--model", qwen3_next_dir, "--compare", "none,align,lighter",
+                  "--workload", "multi-prefix,multi-turn-sessions", "--num-prompts", "40", "--num-turns", "2",
+                  "--num-prefixes", "6", "--prefix-len", "300", "--input-length-range", "16:100",
+                  "--output-len", "8", "--sim-block-size", "32", "--arrival-rate", "2",
+                  "--sim-num-blocks", "60,5000", "--plot", str(tmp_path / "sweep.png")], tmp_path, "sweep")
+    rows = {(r["mode"], r["workload"], r["num_blocks"]): r for r in report["results"]}
+    assert len(rows) == 3 * 2 * 2
+    for workload in ("multi-prefix", "multi-turn-sessions"):
+        unlimited = rows[("align", workload, 5000)]
+        assert unlimited["mamba_groups"] == 3  # read from the tiny Qwen3-Next's layers
+        assert unlimited["evicted_blocks"] == 0 and unlimited["cached_state_peak"] > 0
+        assert unlimited["cached_attn_peak"] > 0 and rows[("none", workload, 5000)]["cached_state_peak"] == 0
+        assert rows[("align", workload, 60)]["evicted_blocks"] > 0
+        sweep = report["sweep"][workload]
+        assert [p["num_blocks"] for p in sweep["points"]] == [60, 5000]
+        small = sweep["points"][0]
+        assert small["hit_rate"]["align"] == rows[("align", workload, 60)]["hit_rate"]
+        assert small["pressure"] == (small["align_retained"] <= 0.8)
+    assert (tmp_path / "sweep.png").stat().st_size > 0

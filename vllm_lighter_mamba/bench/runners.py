@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from vllm_lighter_mamba.bench.workloads import WaveSource
+from vllm_lighter_mamba.bench.workloads import OpenSource, WaveSource
 
 
 @dataclass
@@ -34,6 +34,18 @@ class ModeResult:
     peak_blocks: int | None = None
     mean_blocks: float | None = None
     steps: int | None = None
+    # --simulate: the pool (blocks), Mamba groups, and the pages held by cached (free,
+    # hashed) Mamba states and attention KV, peak and mean over steps, and pages evicted.
+    num_blocks: int | None = None
+    mamba_groups: int | None = None
+    cached_state_peak: int | None = None
+    cached_state_mean: float | None = None
+    cached_attn_peak: int | None = None
+    cached_attn_mean: float | None = None
+    evicted_blocks: int | None = None
+    preemptions: int | None = None
+    # --simulate, lighter: the engine's lighter-cache counters at the end (what /metrics shows).
+    counters: dict | None = None
 
     def summary(self) -> dict:
         prompt = sum(r.prompt_tokens for r in self.requests)
@@ -60,10 +72,18 @@ class ModeResult:
         if self.peak_blocks is not None:
             out.update(peak_blocks=self.peak_blocks, mean_blocks=self.mean_blocks, steps=self.steps,
                        lost_hit_tokens=sum(r.lost_hit_tokens or 0 for r in self.requests))
+        if self.num_blocks is not None:
+            out.update(num_blocks=self.num_blocks, mamba_groups=self.mamba_groups,
+                       cached_state_peak=self.cached_state_peak, cached_state_mean=self.cached_state_mean,
+                       cached_attn_peak=self.cached_attn_peak, cached_attn_mean=self.cached_attn_mean,
+                       evicted_blocks=self.evicted_blocks, preemptions=self.preemptions)
         return out
 
     def to_json(self) -> dict:
-        return {"summary": self.summary(), "requests": [asdict(r) for r in self.requests]}
+        out = {"summary": self.summary(), "requests": [asdict(r) for r in self.requests]}
+        if self.counters is not None:
+            out["counters"] = self.counters
+        return out
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
@@ -109,33 +129,79 @@ def run_engine(llm, mode: str, workload: str, source: WaveSource) -> ModeResult:
 def run_simulated(
     mode: str, workload: str, source: WaveSource, model_dir: str, **scheduler_kwargs
 ) -> ModeResult:
-    """The same waves through vLLM's real Scheduler/KVCacheManager with a mocked model."""
+    """The same requests through vLLM's real Scheduler/KVCacheManager with a mocked model.
+
+    Waves run one after the other on the same (warm) prefix cache; an :class:`OpenSource`
+    runs as one replay with its arrival steps, each follow-up arriving its think time after
+    the request it follows finished.
+    """
     from vllm_lighter_mamba.bench.sim import SimRequest, replay
 
-    result = ModeResult(mode, workload, steps=0, peak_blocks=0, mean_blocks=0.0)
-    outputs: dict[str, list[int]] = {}
-    weighted_blocks = 0.0
-    wave_index = 0
-    scheduler = None
-    while (wave := source(outputs)) is not None:
-        sim = replay(
-            mode,
-            [SimRequest(r.request_id, r.prompt_token_ids, r.max_tokens) for r in wave],
-            model_dir,
-            scheduler=scheduler,
-            **scheduler_kwargs,
-        )
-        scheduler = sim.scheduler  # the next wave runs on the same (warm) prefix cache
+    result = ModeResult(mode, workload, steps=0, peak_blocks=0, mean_blocks=0.0,
+                        num_blocks=scheduler_kwargs.get("num_blocks"),
+                        mamba_groups=scheduler_kwargs.get("num_mamba_groups", 1),
+                        cached_state_peak=0, cached_state_mean=0.0, cached_attn_peak=0,
+                        cached_attn_mean=0.0, evicted_blocks=0, preemptions=0)
+    weighted = {"mean_blocks": 0.0, "cached_state_mean": 0.0, "cached_attn_mean": 0.0}
+
+    def record(sim, wave: list, waves: dict[str, int]) -> None:
         for r in wave:
-            outputs[r.request_id] = sim.outputs[r.request_id]
             result.requests.append(
                 RequestRecord(r.request_id, len(r.prompt_token_ids), sim.cached_per_request[r.request_id],
-                              sim.outputs[r.request_id], wave=wave_index,
+                              sim.outputs[r.request_id], wave=waves.get(r.request_id, 0),
                               lost_hit_tokens=sim.lost_per_request[r.request_id])
             )
         result.steps += sim.steps
         result.peak_blocks = max(result.peak_blocks, sim.peak_blocks)
-        weighted_blocks += sim.mean_blocks * sim.steps
-        wave_index += 1
-    result.mean_blocks = weighted_blocks / max(result.steps, 1)
+        result.cached_state_peak = max(result.cached_state_peak, sim.cached_state_peak)
+        result.cached_attn_peak = max(result.cached_attn_peak, sim.cached_attn_peak)
+        result.evicted_blocks += sim.evicted_state_blocks + sim.evicted_attn_blocks
+        result.preemptions += sim.preemptions
+        counters = getattr(sim.scheduler, "lighter_counters", None)
+        result.counters = counters.as_dict() if counters is not None else None
+        for key in weighted:
+            weighted[key] += getattr(sim, key) * sim.steps
+
+    if isinstance(source, OpenSource):
+        waves: dict[str, int] = {r.request_id: 0 for r in source.initial}
+        issued = list(source.initial)
+
+        def on_finish(request, step: int) -> list:
+            request_id = request.request_id
+            follow = source.follow_up(request_id, list(request.output_token_ids))
+            if follow is None:
+                return []
+            waves[follow.request_id] = waves[request_id] + 1
+            issued.append(follow)
+            return [SimRequest(follow.request_id, follow.prompt_token_ids, follow.max_tokens,
+                               arrival_step=step + 1 + follow.arrival)]
+
+        sim = replay(
+            mode,
+            [SimRequest(r.request_id, r.prompt_token_ids, r.max_tokens, arrival_step=r.arrival)
+             for r in source.initial],
+            model_dir,
+            on_finish=on_finish,
+            **scheduler_kwargs,
+        )
+        record(sim, issued, waves)
+    else:
+        outputs = {}
+        wave_index = 0
+        scheduler = None
+        while (wave := source(outputs)) is not None:
+            sim = replay(
+                mode,
+                [SimRequest(r.request_id, r.prompt_token_ids, r.max_tokens) for r in wave],
+                model_dir,
+                scheduler=scheduler,
+                **scheduler_kwargs,
+            )
+            scheduler = sim.scheduler  # the next wave runs on the same (warm) prefix cache
+            for r in wave:
+                outputs[r.request_id] = sim.outputs[r.request_id]
+            record(sim, wave, {r.request_id: wave_index for r in wave})
+            wave_index += 1
+    for key, total in weighted.items():
+        setattr(result, key, total / max(result.steps, 1))
     return result

@@ -3,7 +3,12 @@ model (no weights, no device): the benchmark's ``--simulate`` mode and the harne
 core tests.
 
 The KV-cache configuration is hybrid like a real Qwen3-Next or NemotronH: one full-attention
-group and one Mamba group sharing a block pool, with equal block sizes. ``mode`` picks the
+group and ``num_mamba_groups`` Mamba groups sharing a block pool, with equal block sizes. vLLM
+splits a hybrid model's layers into groups of equal layer count (Qwen3-Next-80B: 12 attention
+and 36 GDN layers make 1 attention and 3 Mamba groups), so one cached boundary state takes one
+page in every Mamba group: :func:`model_mamba_groups` reads that number from the model's config
+the way vLLM groups layers, and :class:`CachedBlockTracker` counts the pages cached states and
+cached attention KV hold. ``mode`` picks the
 Mamba cache by building the config a user's flags would build: ``none`` (prefix caching
 off), ``align`` (upstream vLLM 0.26), ``lighter`` (ours: the config's lighter-cache decision
 and the ``LighterMambaSpec`` the workers would declare). The plugin's patches are installed
@@ -12,6 +17,7 @@ in this process once; they are inert for configs without the decision.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +27,28 @@ import torch
 from vllm_lighter_mamba.config import CONFIG_KEY
 
 MODES = ("none", "align", "lighter")
+
+
+def parse_mode(mode: str) -> tuple[str, str | tuple[tuple[str, float], ...] | None]:
+    """``lighter`` with the retention policy's defaults, ``lighter:off`` without the policy
+    (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``spec=Y``, comma-separated) with
+    other settings (``RetentionSettings``)."""
+    base, _, option = mode.partition(":")
+    if base not in MODES or (option and base != "lighter"):
+        expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,spec=Y"))
+        raise ValueError(f"unknown mode {mode!r}; expected {expected}")
+    if not option:
+        return base, None
+    if option == "off":
+        return base, "off"
+    names = {"alpha": "alpha", "spec": "speculative_fraction"}
+    settings = []
+    for item in option.split(","):
+        name, _, value = item.partition("=")
+        if name not in names:
+            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, spec=Y)")
+        settings.append((names[name], float(value)))
+    return base, tuple(settings)
 
 
 @functools.cache
@@ -56,6 +84,14 @@ class SimResult:
     chunks: list[tuple[str, int, int, int]] = field(default_factory=list)  # (req, start, n, step)
     max_step_tokens: int = 0
     preemptions: int = 0
+    # Pages of the pool held by cached, evictable (free, hashed) entries, per kind, sampled
+    # after every step; and the cached pages evicted to make room.
+    cached_state_peak: int = 0
+    cached_state_mean: float = 0.0
+    cached_attn_peak: int = 0
+    cached_attn_mean: float = 0.0
+    evicted_state_blocks: int = 0
+    evicted_attn_blocks: int = 0
     # vLLM's Request objects of the replay, by id (tokens, preemptions, status).
     requests: dict = field(default_factory=dict)
 
@@ -74,9 +110,12 @@ def _vllm_config(
     max_model_len: int,
     async_scheduling: bool,
     num_blocks: int,
+    retention: str | tuple[tuple[str, float], ...] | None = None,
 ):
     """Built once per setting: loading the model's HF config dominates a short replay."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    from vllm_lighter_mamba.v1.core.retention_policy import SETTINGS_KEY
 
     scheduler_config = SchedulerConfig(
         max_num_seqs=min(max_num_seqs, max_num_batched_tokens),
@@ -92,11 +131,14 @@ def _vllm_config(
         enable_prefix_caching=mode != "none",
         mamba_cache_mode="align" if mode == "align" else "none",
     )
+    additional: dict = {CONFIG_KEY: True} if mode == "lighter" else {}
+    if mode == "lighter" and retention is not None:
+        additional[SETTINGS_KEY] = retention if retention == "off" else dict(retention)
     vllm_config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
-        additional_config={CONFIG_KEY: True} if mode == "lighter" else {},
+        additional_config=additional,
     )
     # VllmConfig re-verifies hybrid models; pin the settings the replay is about.
     cache_config.num_gpu_blocks = num_blocks
@@ -106,6 +148,111 @@ def _vllm_config(
     cache_config.mamba_cache_mode = "align" if mode == "align" else "none"
     scheduler_config.async_scheduling = async_scheduling
     return vllm_config
+
+
+@functools.cache
+def model_mamba_groups(model_dir: str) -> int:
+    """How many Mamba KV-cache groups vLLM makes for this model, or 1 if it cannot say.
+
+    vLLM's own grouping (``_get_kv_cache_groups_uniform_page_size``) applied to the model's
+    layer counts: Qwen3-Next-80B (12 attention, 36 GDN layers) gives 3.
+    """
+    from vllm.config import ModelConfig, ParallelConfig
+    from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_page_size
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    try:
+        model_config = ModelConfig(model=model_dir, dtype="float32", seed=0)
+        parallel = ParallelConfig()
+        num_attention = model_config.get_num_layers_by_block_type(parallel, "attention")
+        num_mamba = max(
+            model_config.get_num_layers_by_block_type(parallel, kind)
+            for kind in ("mamba", "linear_attention")
+        )
+        if num_attention <= 0 or num_mamba <= 0:
+            return 1
+        attention = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        mamba = MambaSpec(block_size=16, shapes=((1,),), dtypes=(torch.float32,))
+        specs = {f"attn.{i}": attention for i in range(num_attention)}
+        specs.update({f"mamba.{i}": mamba for i in range(num_mamba)})
+        groups = _get_kv_cache_groups_uniform_page_size(specs)
+    except Exception:  # a config vLLM cannot count: the simplest hybrid layout
+        return 1
+    return max(sum(isinstance(g.kv_cache_spec, MambaSpec) for g in groups), 1)
+
+
+class CachedBlockTracker:
+    """Counts the pool's cached, evictable pages (hashed, no reference) per kind.
+
+    Instance-level wrappers on one scheduler's ``BlockPool`` (simulation only): a page
+    becomes cached-free when a free drops its last reference, and stops being so when a hit
+    touches it or an allocation evicts it.
+    """
+
+    def __init__(self, pool, mamba_group_ids) -> None:
+        from vllm.v1.core.kv_cache_utils import get_group_id
+
+        self.mamba_group_ids = frozenset(mamba_group_ids)
+        self.state_blocks = 0
+        self.attn_blocks = 0
+        self.evicted_state_blocks = 0
+        self.evicted_attn_blocks = 0
+        free_blocks, touch, evict = pool.free_blocks, pool.touch, pool._maybe_evict_cached_block
+
+        def is_state(block) -> bool:
+            return get_group_id(block.block_hash) in self.mamba_group_ids
+
+        def add(block, delta: int) -> None:
+            if is_state(block):
+                self.state_blocks += delta
+            else:
+                self.attn_blocks += delta
+
+        def tracked_free(ordered_blocks) -> None:
+            blocks = list(ordered_blocks)
+            free_blocks(blocks)
+            for block in {b.block_id: b for b in blocks}.values():
+                if block.ref_cnt == 0 and not block.is_null and block.block_hash is not None:
+                    add(block, +1)
+
+        def tracked_touch(blocks) -> None:
+            seen = set()
+            for block in blocks:
+                if block.ref_cnt == 0 and not block.is_null and block.block_hash is not None:
+                    if block.block_id not in seen:
+                        seen.add(block.block_id)
+                        add(block, -1)
+            touch(blocks)
+
+        def tracked_evict(block) -> bool:
+            cached_free = block.ref_cnt == 0 and block.block_hash is not None
+            state = cached_free and is_state(block)
+            evicted = evict(block)
+            if evicted and cached_free:
+                if state:
+                    self.state_blocks -= 1
+                    self.evicted_state_blocks += 1
+                else:
+                    self.attn_blocks -= 1
+                    self.evicted_attn_blocks += 1
+            return evicted
+
+        pool.free_blocks = tracked_free
+        pool.touch = tracked_touch
+        pool._maybe_evict_cached_block = tracked_evict
+
+
+def cached_block_tracker(scheduler) -> CachedBlockTracker:
+    """The scheduler's tracker, installed on first use."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    tracker = getattr(scheduler, "_cached_block_tracker", None)
+    if tracker is None:
+        groups = scheduler.kv_cache_manager.kv_cache_config.kv_cache_groups
+        mamba = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
+        tracker = CachedBlockTracker(scheduler.kv_cache_manager.block_pool, mamba)
+        scheduler._cached_block_tracker = tracker
+    return tracker
 
 
 def make_scheduler(
@@ -124,6 +271,7 @@ def make_scheduler(
     """A vLLM scheduler over a hybrid KV-cache config (one attention group, then
     ``num_mamba_groups`` Mamba groups, as vLLM groups e.g. Qwen3-Next-80B's 36 GDN layers
     into 3), no model."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (
@@ -134,7 +282,7 @@ def make_scheduler(
     )
     from vllm.v1.structured_output import StructuredOutputManager
 
-    assert mode in MODES, mode
+    mode, retention = parse_mode(mode)
     vllm_config = _vllm_config(
         mode,
         model_dir,
@@ -144,6 +292,7 @@ def make_scheduler(
         max_model_len,
         async_scheduling,
         num_blocks,
+        retention,
     )
     spec_cls = MambaSpec
     if mode == "lighter":
@@ -152,7 +301,9 @@ def make_scheduler(
         install_patches()
         spec_cls = LighterMambaSpec
     mamba_spec = spec_cls(
-        block_size=block_size,
+        # As vLLM sets it: with prefix caching off a request's state is one block whatever
+        # its length (``mamba_block_size = max_model_len``), otherwise one per block.
+        block_size=max_model_len if mode == "none" else block_size,
         shapes=((1,),),
         dtypes=(torch.float32,),
         mamba_cache_mode=vllm_config.cache_config.mamba_cache_mode,
@@ -172,12 +323,15 @@ def make_scheduler(
     # The same lookup vLLM's engine core does (patched while the variable is on).
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     assert issubclass(scheduler_cls, AsyncScheduler if async_scheduling else Scheduler)
+    # The block sizes the engine core gives its scheduler (LCM of the groups' block sizes).
+    scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
     scheduler = scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         log_stats=True,
         structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=block_size,
+        block_size=scheduler_block_size,
+        hash_block_size=hash_block_size,
     )
     if use_eagle:
         scheduler.use_eagle = True
@@ -233,6 +387,7 @@ def replay(
     overlap: bool = False,
     resets: Sequence[int] = (),
     scheduler=None,
+    on_finish: Callable[[object, int], Sequence[SimRequest]] | None = None,
     **scheduler_kwargs,
 ) -> SimResult:
     """Run ``requests`` to completion.
@@ -243,18 +398,37 @@ def replay(
     scheduling does (use it with ``async_scheduling=True``). At each step in ``resets`` the
     prefix cache is reset with every running request preempted (vLLM's
     ``reset_prefix_cache(reset_running_requests=True)``). Pass the ``scheduler`` of an
-    earlier replay to continue on its (warm) prefix cache.
+    earlier replay to continue on its (warm) prefix cache. ``on_finish(request, step)`` (vLLM's
+    ``Request``) may return new requests (``arrival_step`` absolute) when a request finishes.
     """
     if scheduler is None:
         scheduler = make_scheduler(mode, model_dir, **scheduler_kwargs)
     block_size = scheduler.cache_config.block_size
+    tracker = cached_block_tracker(scheduler)
+    evicted_before = (tracker.evicted_state_blocks, tracker.evicted_attn_blocks)
     pending = sorted(requests, key=lambda r: r.arrival_step)
-    by_id = {r.request_id: r for r in requests}
+    abort_steps: dict[int, list[str]] = {}
+    for r in requests:
+        if r.abort_at_step is not None:
+            abort_steps.setdefault(r.abort_at_step, []).append(r.request_id)
     result = SimResult(mode=mode)
     live: dict = {}
+    finished: set[str] = set()
     step = 0
     total_blocks = 0
+    total_state = total_attn = 0
     in_flight = None  # (output, scheduled tokens) of the step whose output is not processed
+
+    def process(output, samples) -> None:
+        _process(scheduler, output, samples, live)
+        if on_finish is None:
+            return
+        for rid in output.num_scheduled_tokens:
+            if rid not in finished and live[rid].is_finished():
+                finished.add(rid)
+                for follow in on_finish(live[rid], step):
+                    bisect.insort(pending, follow, key=lambda r: r.arrival_step)
+
     while pending or in_flight is not None or scheduler.has_unfinished_requests():
         while pending and pending[0].arrival_step <= step:
             sim_req = pending.pop(0)
@@ -262,11 +436,7 @@ def replay(
             live[sim_req.request_id] = request
             scheduler.add_request(request)
             result.prompt_tokens += len(sim_req.prompt_token_ids)
-        aborts = [
-            rid
-            for rid, r in by_id.items()
-            if r.abort_at_step == step and rid in live and not live[rid].is_finished()
-        ]
+        aborts = [rid for rid in abort_steps.get(step, ()) if rid in live and not live[rid].is_finished()]
         if aborts:
             from vllm.v1.request import RequestStatus
 
@@ -294,18 +464,22 @@ def replay(
         }
         if overlap:
             if in_flight is not None:
-                _process(scheduler, *in_flight, live)
+                process(*in_flight)
             in_flight = (output, samples)
         else:
-            _process(scheduler, output, samples, live)
+            process(output, samples)
         in_use = blocks_in_use(scheduler)
         result.peak_blocks = max(result.peak_blocks, in_use)
         total_blocks += in_use
+        result.cached_state_peak = max(result.cached_state_peak, tracker.state_blocks)
+        result.cached_attn_peak = max(result.cached_attn_peak, tracker.attn_blocks)
+        total_state += tracker.state_blocks
+        total_attn += tracker.attn_blocks
         step += 1
         if step > max_steps:
             raise RuntimeError(f"{mode}: requests did not finish in {max_steps} steps")
         if overlap and in_flight is not None and not output.num_scheduled_tokens:
-            _process(scheduler, *in_flight, live)  # nothing new to overlap with: drain
+            process(*in_flight)  # nothing new to overlap with: drain
             in_flight = None
     for rid, request in live.items():
         result.outputs[rid] = list(request.output_token_ids)
@@ -314,6 +488,10 @@ def replay(
     result.requests = live
     result.steps = step
     result.mean_blocks = total_blocks / max(step, 1)
+    result.cached_state_mean = total_state / max(step, 1)
+    result.cached_attn_mean = total_attn / max(step, 1)
+    result.evicted_state_blocks = tracker.evicted_state_blocks - evicted_before[0]
+    result.evicted_attn_blocks = tracker.evicted_attn_blocks - evicted_before[1]
     result.scheduler = scheduler  # type: ignore[attr-defined]
     return result
 

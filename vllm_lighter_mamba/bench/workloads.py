@@ -4,6 +4,12 @@ A workload is a list of waves; each wave is a list of requests issued together a
 previous wave finished. Prompts are token ids (no tokenizer involved), so the engine and the
 simulation see exactly the same requests. ``multi-turn`` prompts extend the previous turn's
 prompt and output, so its waves are built one at a time from the outputs.
+
+Two workloads have open arrivals (:class:`OpenSource`): ``multi-prefix`` (many system prompts
+with Zipf popularity, Poisson arrivals) and ``multi-turn-sessions`` (chat sessions that start
+at Poisson times and send their next turn a think time after the previous one finished). The
+simulation honours their arrival steps; the engine runs them as waves (all first requests,
+then each round of next turns), arrival steps ignored.
 """
 
 from __future__ import annotations
@@ -13,7 +19,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-WORKLOADS = ("repeat", "shared-prefix", "divergent", "multi-turn", "few-shot")
+WORKLOADS = (
+    "repeat",
+    "shared-prefix",
+    "divergent",
+    "multi-turn",
+    "few-shot",
+    "multi-prefix",
+    "multi-turn-sessions",
+)
+OPEN_WORKLOADS = ("multi-prefix", "multi-turn-sessions")
 
 
 @dataclass
@@ -26,6 +41,12 @@ class WorkloadSpec:
     seed: int = 0
     vocab: int = 250
     num_turns: int = 3
+    # Open workloads: system prompts (lengths prefix_len x 0.5..1.5), their Zipf exponent,
+    # requests per scheduler step (Poisson), and the think time between a session's turns.
+    num_prefixes: int = 48
+    zipf_s: float = 1.0
+    arrival_rate: float = 1.0
+    think_steps: tuple[int, int] = (0, 50)
 
 
 @dataclass
@@ -33,6 +54,9 @@ class BenchRequest:
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int
+    # Open workloads (--simulate): the scheduler step it arrives at; for a follow-up, the
+    # steps after the previous turn finished.
+    arrival: int = 0
 
 
 Wave = list[BenchRequest]
@@ -94,8 +118,99 @@ def from_list(waves: list[Wave]) -> WaveSource:
     return lambda outputs: next(remaining, None)
 
 
+class OpenSource:
+    """An open-arrival workload: first requests with arrival steps, and follow-ups (a session's
+    next turn) made when a request finishes, from its output.
+
+    Called as a :data:`WaveSource` (engine mode) it returns the first requests as one wave,
+    then the follow-ups of the previous wave as the next one.
+    """
+
+    def __init__(
+        self, initial: list[BenchRequest], follow_up: Callable[[str, list[int]], BenchRequest | None]
+    ) -> None:
+        self.initial = initial
+        self.follow_up = follow_up
+        self._last: Wave | None = None
+
+    def __call__(self, outputs: dict[str, list[int]]) -> Wave | None:
+        if self._last is None:
+            wave = list(self.initial)
+        else:
+            wave = [f for r in self._last if (f := self.follow_up(r.request_id, outputs[r.request_id]))]
+        self._last = wave
+        return wave or None
+
+
+def _zipf_choice(rng: random.Random, n: int, s: float) -> int:
+    """An index in [0, n) with P(i) proportional to 1 / (i + 1) ** s."""
+    return rng.choices(range(n), weights=[1.0 / (i + 1) ** s for i in range(n)])[0]
+
+
+def _system_prompts(rng: random.Random, spec: WorkloadSpec) -> list[list[int]]:
+    lengths = [max(1, round(spec.prefix_len * rng.uniform(0.5, 1.5))) for _ in range(spec.num_prefixes)]
+    return [_tokens(rng, n, spec.vocab) for n in lengths]
+
+
+def _poisson_steps(rng: random.Random, n: int, rate: float) -> list[int]:
+    """Arrival steps of ``n`` events of a Poisson process with ``rate`` events per step."""
+    t, steps = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate) if rate > 0 else 0.0
+        steps.append(int(t))
+    return steps
+
+
+def multi_prefix(name: str, spec: WorkloadSpec) -> OpenSource:
+    """``num_prompts`` requests, each a Zipf-chosen system prompt plus its own question."""
+    rng = workload_rng(name, spec)
+    systems = _system_prompts(rng, spec)
+    requests = []
+    for i, step in enumerate(_poisson_steps(rng, spec.num_prompts, spec.arrival_rate)):
+        system = systems[_zipf_choice(rng, len(systems), spec.zipf_s)]
+        prompt = system + _tokens(rng, _length(rng, spec), spec.vocab)
+        requests.append(BenchRequest(f"m{i}", prompt, spec.output_len, arrival=step))
+    return OpenSource(requests, lambda request_id, output: None)
+
+
+def multi_turn_sessions(name: str, spec: WorkloadSpec) -> OpenSource:
+    """``num_prompts`` chat sessions of ``num_turns`` turns: a Zipf-chosen system prompt and a
+    first message; each next turn is the previous prompt, its reply and a new message, sent a
+    think time (``think_steps``) after the reply. Sessions start at Poisson times (rate
+    ``arrival_rate / num_turns``, so about ``arrival_rate`` requests per step in all)."""
+    rng = workload_rng(name, spec)
+    systems = _system_prompts(rng, spec)
+    rate = spec.arrival_rate / max(spec.num_turns, 1)
+    prompts: dict[int, list[int]] = {}
+    session_rngs: dict[int, random.Random] = {}
+    initial = []
+    for c, step in enumerate(_poisson_steps(rng, spec.num_prompts, rate)):
+        # Each session draws its own messages, so follow-ups do not depend on finishing order.
+        session_rngs[c] = random.Random(f"{name}:{spec.seed}:{c}")
+        prompts[c] = systems[_zipf_choice(rng, len(systems), spec.zipf_s)] + _tokens(
+            session_rngs[c], _length(session_rngs[c], spec), spec.vocab
+        )
+        initial.append(BenchRequest(f"s{c}-t0", list(prompts[c]), spec.output_len, arrival=step))
+
+    def follow_up(request_id: str, output: list[int]) -> BenchRequest | None:
+        session, turn = (int(x) for x in request_id[1:].split("-t"))
+        if turn + 1 >= spec.num_turns:
+            return None
+        session_rng = session_rngs[session]
+        message = _tokens(session_rng, _length(session_rng, spec), spec.vocab)
+        prompts[session] = prompts[session] + list(output) + message
+        think = session_rng.randint(*spec.think_steps)
+        return BenchRequest(f"s{session}-t{turn + 1}", list(prompts[session]), spec.output_len, arrival=think)
+
+    return OpenSource(initial, follow_up)
+
+
 def wave_source(name: str, spec: WorkloadSpec) -> WaveSource:
     """Waves for any workload; multi-turn builds each turn from the previous outputs."""
+    if name == "multi-prefix":
+        return multi_prefix(name, spec)
+    if name == "multi-turn-sessions":
+        return multi_turn_sessions(name, spec)
     if name != "multi-turn":
         return from_list(static_waves(name, spec))
     rng = workload_rng(name, spec)

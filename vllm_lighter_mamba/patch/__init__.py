@@ -57,11 +57,21 @@ Engine core
     How: wrapped.
     Upstream: a chunk-policy hook in ``Scheduler`` (none in 0.26).
 
-``patch_block_pool`` -> ``vllm.v1.core.block_pool.BlockPool._maybe_evict_cached_block``
-    What: count evicted boundary states (``vllm:lighter_mamba_states_evicted``).
-    Why: evictions happen in the shared pool, outside our manager.
-    How: wrapped; upstream's result is returned unchanged.
-    Upstream: eviction events with the KV-cache group (vLLM's are per block, unlabelled).
+``patch_block_pool`` -> ``vllm.v1.core.block_pool.BlockPool._maybe_evict_cached_block``,
+``.get_new_blocks``, ``.free_blocks`` and ``.reset_prefix_cache``
+    What: count evicted boundary states, states held and evictions by reason; apply the
+    state retention policy (``v1/core/retention_policy.py``, bookkeeping in
+    ``v1/core/block_pool_retention.py``): right before an allocation evicts, move the
+    policy's victims to the front of vLLM's free queue (states no hit can use, attention past
+    the deepest cached state, dropped states, then admitted states by recency + utility).
+    Why: one cached state costs a page in every Mamba group and is useless without the
+    attention before it; vLLM's single LRU queue evicts states and attention independently.
+    How: wrapped; upstream pops, evicts and frees as always (we only ``remove`` and
+    ``prepend_n`` queue entries first, and look at released blocks after). Pools without a
+    lighter engine's policy (align, prefix caching off) run upstream's code only; a failure in
+    the bookkeeping turns the policy off for that pool.
+    Upstream: an eviction-policy hook on ``BlockPool`` (none in 0.26) and eviction events
+    with the KV-cache group.
 
 ``patch_engine_core`` -> ``vllm.v1.engine.core.EngineCore.lighter_mamba_counters`` (added)
     What: a utility method returning this engine's counters.

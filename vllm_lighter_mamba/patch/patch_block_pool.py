@@ -1,24 +1,92 @@
-"""vllm.v1.core.block_pool: count evicted Mamba boundary states."""
+"""vllm.v1.core.block_pool: count evicted Mamba boundary states; apply the retention policy.
+
+Every wrapper first asks whether this pool has a lighter engine's retention bookkeeping (set
+up by the scheduler mixin); a pool without it (align, prefix caching off, other engines in
+the process) runs upstream's code only. The policy never changes what the pool does with a
+block, only which cached blocks sit at the front of its free queue when an allocation is
+about to evict; a failure in the bookkeeping turns the policy off for that pool (vLLM's LRU
+order from then on) instead of reaching the engine.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.core import block_pool as upstream
 from vllm.v1.core.kv_cache_utils import get_group_id
 
 from vllm_lighter_mamba.patch._util import original, replace_attr
+from vllm_lighter_mamba.v1.core.block_pool_retention import remove_retention, retention_of
 from vllm_lighter_mamba.v1.metrics.counters import engine_counters, primary_group
+
+logger = init_logger("vllm.lighter_mamba")
+
+
+def _policy_failed(pool: Any, error: BaseException) -> None:
+    logger.exception(
+        "lighter Mamba cache: the state retention policy failed (%r); this engine continues "
+        "with vLLM's LRU eviction order",
+        error,
+    )
+    remove_retention(pool)
+
+
+def _get_new_blocks(self: Any, num_blocks: int) -> list:
+    retention = retention_of(self)
+    if retention is not None:
+        try:
+            retention.before_allocation(num_blocks)
+        except Exception as error:
+            _policy_failed(self, error)
+    return original(upstream.BlockPool, "get_new_blocks")(self, num_blocks)
+
+
+def _free_blocks(self: Any, ordered_blocks: Iterable[Any]) -> None:
+    retention = retention_of(self)
+    if retention is None:
+        return original(upstream.BlockPool, "free_blocks")(self, ordered_blocks)
+    blocks = list(ordered_blocks)  # upstream consumes the iterable; we look at it after
+    original(upstream.BlockPool, "free_blocks")(self, blocks)
+    try:
+        retention.after_free(blocks)
+    except Exception as error:
+        _policy_failed(self, error)
+    return None
 
 
 def _maybe_evict_cached_block(self: Any, block: Any) -> bool:
     group = primary_group(self)  # None unless a lighter Mamba manager uses this pool
-    is_state = group is not None and block.block_hash is not None and get_group_id(block.block_hash) == group
+    key = block.block_hash
+    is_state = group is not None and key is not None and get_group_id(key) == group
     evicted = original(upstream.BlockPool, "_maybe_evict_cached_block")(self, block)
-    if evicted and is_state:
-        engine_counters(self).states_evicted += 1
+    if evicted and group is not None:
+        counters = engine_counters(self)
+        if is_state:
+            counters.states_evicted += 1
+            counters.states_held -= 1
+        retention = retention_of(self)
+        try:
+            reason = retention.after_evict(block, key) if retention is not None else "lru"
+            counters.record_eviction(reason)
+        except Exception as error:
+            _policy_failed(self, error)
     return evicted
+
+
+def _reset_prefix_cache(self: Any) -> bool:
+    done = original(upstream.BlockPool, "reset_prefix_cache")(self)
+    if done and primary_group(self) is not None:
+        engine_counters(self).states_held = 0
+        retention = retention_of(self)
+        if retention is not None:
+            retention.clear()
+    return done
 
 
 def apply() -> None:
     replace_attr(upstream.BlockPool, "_maybe_evict_cached_block", _maybe_evict_cached_block)
+    replace_attr(upstream.BlockPool, "get_new_blocks", _get_new_blocks)
+    replace_attr(upstream.BlockPool, "free_blocks", _free_blocks)
+    replace_attr(upstream.BlockPool, "reset_prefix_cache", _reset_prefix_cache)

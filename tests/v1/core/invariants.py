@@ -33,6 +33,30 @@ def check_pool(scheduler) -> None:
         )
     num_referenced = sum(1 for b in pool.blocks if not b.is_null and b.ref_cnt > 0)
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1 - num_referenced
+    check_retention(scheduler)
+
+
+def check_retention(scheduler) -> None:
+    """The retention policy's tree agrees with the pool (when the policy is on): every node's
+    prefix has its attention cached, a node has a state exactly when every Mamba group has
+    its page cached, liveness counts are exact, and the policy never turned itself off."""
+    from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
+
+    pool = scheduler.kv_cache_manager.block_pool
+    retention = retention_of(pool)
+    if getattr(scheduler, "lighter_mamba_active", False) and pool.enable_caching:
+        assert retention is not None, "the retention policy turned itself off (see the log)"
+    if retention is None:
+        return
+    for key, node in retention.nodes.items():
+        assert node.key == key
+        assert pool.get_cached_block(key, retention.attention_groups) is not None, "node without attention"
+        assert node.state == (pool.get_cached_block(key, retention.mamba_groups) is not None), key
+        assert node.live_children == sum(1 for c in node.children if c.live)
+        assert all(c.parent is node and retention.nodes.get(c.key) is c for c in node.children)
+        if node.parent is not None:
+            assert node in node.parent.children and node.index == node.parent.index + 1
+    assert not retention.pending, "victims picked but not evicted"
 
 
 def check_all_returned(scheduler) -> None:

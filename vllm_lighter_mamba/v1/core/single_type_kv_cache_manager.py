@@ -14,17 +14,23 @@ then holds the exact boundary state, because the scheduler ends prefill chunks o
 boundaries and decode advances one token at a time. A block whose state was left mid-block
 and then crossed by a longer step would hold the wrong state for its boundary: it is taken
 out of its position before it can be hashed ("detached") and freed like a skipped block.
+
+The primary Mamba group's manager (the lowest group id: one state is one page per group)
+also tells the pool's retention bookkeeping (``block_pool_retention``) which states it
+cached, which one a request resumed from, and when a request let go of its blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm.utils.math_utils import cdiv
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_block_hash
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
+from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 from vllm_lighter_mamba.v1.metrics.counters import claim_primary_group, engine_counters, primary_group
 
 
@@ -55,6 +61,9 @@ class RequestState:
     scan_from: int = 0
     # Blocks taken out of their position but still read by an in-flight copy.
     detached: list[tuple[int, KVCacheBlock]] = field(default_factory=list)
+    # vLLM's Request (set when its blocks are first cached): the retention policy reads its
+    # tokens and prompt when the request lets go of its blocks.
+    request: Any = None
 
 
 class LighterMambaManager(MambaManager):
@@ -64,6 +73,8 @@ class LighterMambaManager(MambaManager):
         super().__init__(*args, **kwargs)
         assert self.mamba_cache_mode == "none", "the lighter cache replaces vLLM's Mamba cache modes"
         self.states: dict[str, RequestState] = {}
+        # Prefix-cache hits not yet told to the retention policy: request id -> (hash, tokens).
+        self._hits: dict[str, tuple[Any, int]] = {}
         claim_primary_group(self.block_pool, self.kv_cache_group_id)
 
     # --- caching (vLLM's logic; counted for the metrics) ------------------------------
@@ -74,10 +85,41 @@ class LighterMambaManager(MambaManager):
         after = self.num_cached_block.get(request.request_id, 0)
         # One state per boundary, whatever the number of Mamba groups: the lowest counts.
         if after > before and primary_group(self.block_pool) == self.kv_cache_group_id:
-            blocks = self.req_to_blocks[request.request_id][before:after]
-            engine_counters(self.block_pool).states_cached += sum(
-                1 for b in blocks if not b.is_null and b.block_hash is not None
-            )
+            blocks = self.req_to_blocks[request.request_id]
+            cached = [
+                i for i in range(before, after) if not blocks[i].is_null and blocks[i].block_hash is not None
+            ]
+            counters = engine_counters(self.block_pool)
+            counters.states_cached += len(cached)
+            counters.states_held += len(cached)
+            state = self.states.get(request.request_id)
+            if state is not None and state.request is None:
+                state.request = request
+            retention = retention_of(self.block_pool)
+            if retention is not None:
+                for index in cached:
+                    retention.state_cached(request, index, self.use_eagle)
+        hit = self._hits.pop(request.request_id, None) if self._hits else None
+        if hit is not None and (retention := retention_of(self.block_pool)) is not None:
+            # The deepest hit this prompt allows (vLLM recomputes at least the last token).
+            deepest = (request.num_tokens - 1) // self.block_size * self.block_size
+            retention.state_hit(hit[0], repeat=hit[1] >= deepest)
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        super().add_local_computed_blocks(
+            request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+        )
+        if new_computed_blocks and primary_group(self.block_pool) == self.kv_cache_group_id:
+            hit = new_computed_blocks[-1]
+            if retention_of(self.block_pool) is not None and not hit.is_null and hit.block_hash is not None:
+                # Told to the policy with the request's length, known at its first caching.
+                self._hits[request_id] = (get_block_hash(hit.block_hash), num_local_computed_tokens)
 
     # --- allocation -------------------------------------------------------------------
 
@@ -208,6 +250,11 @@ class LighterMambaManager(MambaManager):
             self.block_pool.free_blocks(reversed(freed))
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        self._hits.pop(request_id, None)
         state = self.states.pop(request_id, None)
+        if state is not None and state.request is not None:
+            retention = retention_of(self.block_pool)
+            if retention is not None and primary_group(self.block_pool) == self.kv_cache_group_id:
+                retention.request_released(state.request, self.use_eagle)
         detached = [block for _, block in state.detached] if state is not None else []
         return detached + super().pop_blocks_for_free(request_id)

@@ -23,6 +23,23 @@ class LighterMambaCounters:
     state_hit_tokens: int = 0
     # Cached boundary states evicted from the block pool to make room.
     states_evicted: int = 0
+    # Boundary states in the pool's prefix cache now (a gauge: cached minus evicted).
+    states_held: int = 0
+    # Retention policy: states kept for later requests once their request moved on, and
+    # states put first in line for eviction instead (a dropped state admitted later, e.g.
+    # as the deepest state of a finished request, counts in both).
+    states_admitted: int = 0
+    states_dropped: int = 0
+    # Cached pages evicted, by why they were picked: a state whose attention prefix (or one
+    # of its pages) was gone; attention past the deepest cached state on its chain; a
+    # dropped state; an admitted state, lowest eviction score first; a page the policy did
+    # not pick (vLLM's LRU order: the policy had nothing left, or is off).
+    evicted_pages_orphan_state: int = 0
+    evicted_pages_attention_past_state: int = 0
+    evicted_pages_dropped_state: int = 0
+    evicted_pages_speculative_state: int = 0
+    evicted_pages_ranked_state: int = 0
+    evicted_pages_lru: int = 0
     # Prompt tokens whose attention KV was cached but that had no Mamba state at that
     # boundary, so they were recomputed (the silent 0%-hit case of vLLM #45238).
     lost_hit_tokens: int = 0
@@ -33,11 +50,17 @@ class LighterMambaCounters:
             self.state_hit_tokens += hit_tokens
         self.lost_hit_tokens += max(shared_prefix_boundary - hit_tokens, 0)
 
+    def record_eviction(self, reason: str) -> None:
+        name = f"evicted_pages_{reason}"
+        setattr(self, name, getattr(self, name) + 1)
+
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-COUNTER_NAMES = tuple(f.name for f in fields(LighterMambaCounters))
+# Values that go up and down (exported as gauges); every other field only grows.
+GAUGE_NAMES = ("states_held",)
+COUNTER_NAMES = tuple(f.name for f in fields(LighterMambaCounters) if f.name not in GAUGE_NAMES)
 _ATTR = "_lighter_mamba_counters"
 _PRIMARY = "_lighter_mamba_primary_group"
 

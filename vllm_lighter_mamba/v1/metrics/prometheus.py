@@ -1,4 +1,5 @@
-"""Front end: the lighter cache's counters on ``/metrics`` as ``vllm:lighter_mamba_*_total``.
+"""Front end: the lighter cache's counters on ``/metrics`` as ``vllm:lighter_mamba_*_total``
+(and its gauges as ``vllm:lighter_mamba_*``).
 
 Pulled from each engine core through vLLM's utility channel whenever vLLM logs its stats
 (``AsyncLLM.do_log_stats``, every ``VLLM_LOG_STATS_INTERVAL`` seconds; so not with
@@ -10,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from vllm.logger import init_logger
 
-from vllm_lighter_mamba.v1.metrics.counters import COUNTER_NAMES
+from vllm_lighter_mamba.v1.metrics.counters import COUNTER_NAMES, GAUGE_NAMES
 
 logger = init_logger("vllm.lighter_mamba")
 
@@ -26,8 +27,22 @@ DOCS = {
     "states_evicted": "Cached Mamba boundary states evicted from the block pool",
     "lost_hit_tokens": "Prompt tokens with cached attention KV but no Mamba state at that "
     "boundary (recomputed)",
+    "states_held": "Mamba boundary states in the prefix cache now",
+    "states_admitted": "Boundary states kept for later requests once their request moved on",
+    "states_dropped": "Boundary states put first in line for eviction (no later request expected "
+    "to resume from them)",
+    "evicted_pages_orphan_state": "Cached pages evicted: a state whose attention prefix was gone",
+    "evicted_pages_attention_past_state": "Cached pages evicted: attention past the deepest cached "
+    "state on its chain",
+    "evicted_pages_dropped_state": "Cached pages evicted: a dropped state",
+    "evicted_pages_speculative_state": "Cached pages evicted: a cold-prompt checkpoint nobody resumed "
+    "from yet, beyond their share of the pool",
+    "evicted_pages_ranked_state": "Cached pages evicted: an admitted state, lowest recency + "
+    "utility score first",
+    "evicted_pages_lru": "Cached pages evicted in vLLM's LRU order (not picked by the policy)",
 }
 _prometheus: dict[str, Counter] = {}
+_gauges: dict[str, Gauge] = {}
 
 
 def prometheus_counters() -> dict[str, Counter]:
@@ -40,6 +55,14 @@ def prometheus_counters() -> dict[str, Counter]:
         for name in COUNTER_NAMES:
             _prometheus[name] = Counter(f"vllm:lighter_mamba_{name}", DOCS[name], ["engine"])
     return _prometheus
+
+
+def prometheus_gauges() -> dict[str, Gauge]:
+    """As :func:`prometheus_counters`, for the values that go up and down."""
+    if not _gauges:
+        for name in GAUGE_NAMES:
+            _gauges[name] = Gauge(f"vllm:lighter_mamba_{name}", DOCS[name], ["engine"])
+    return _gauges
 
 
 class LighterMambaMetrics:
@@ -60,6 +83,8 @@ class LighterMambaMetrics:
                 child.inc(delta)
                 seen[name] += delta
                 moved = True
+        for name, gauge in prometheus_gauges().items():
+            gauge.labels(engine=str(engine_index)).set(int(values.get(name, 0)))
         return moved
 
     async def refresh(self, engine_client: Any) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.v1.request import Request
 
-from vllm_lighter_mamba.config import is_active
+from vllm_lighter_mamba.config import is_active, retention_settings
+from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention
 from vllm_lighter_mamba.v1.core.sched.policy import (
     block_aligned_chunk_len,
     checkpoint_positions,
@@ -39,6 +40,32 @@ class LighterMambaSchedulerMixin:
             # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
             self.mamba_partial_cache_hit = False
             self.lighter_counters = engine_counters(self.kv_cache_manager.block_pool)
+            self._install_retention()
+
+    def _install_retention(self) -> None:
+        """The state retention policy on this engine's block pool (``block_pool_retention``),
+        for the layouts it knows: full-attention groups plus our Mamba groups."""
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
+
+        settings = retention_settings(self.vllm_config)
+        if settings is None or not self.cache_config.enable_prefix_caching:
+            return
+        groups = self.kv_cache_config.kv_cache_groups
+        attention = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, FullAttentionSpec)]
+        mamba = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, LighterMambaSpec)]
+        if not attention or not mamba or len(attention) + len(mamba) != len(groups):
+            logger.info("lighter Mamba cache: state retention policy off (KV-cache groups of other types)")
+            return
+        install_retention(
+            self.kv_cache_manager.block_pool,
+            self.cache_config.block_size,
+            attention,
+            mamba,
+            settings,
+            self.lighter_counters,
+        )
 
     def schedule(self, *args: Any, **kwargs: Any):
         output = super().schedule(*args, **kwargs)

@@ -1,0 +1,373 @@
+"""The state retention policy: its pure rules, its bookkeeping on vLLM's real BlockPool
+(which cached pages an allocation evicts, and in which order), and its decisions and counters
+through vLLM's real scheduler. Align and prefix caching off stay vLLM's own behaviour."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from prometheus_client import REGISTRY
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import get_group_id
+
+from vllm_lighter_mamba.bench.sim import (
+    SimRequest,
+    cached_block_tracker,
+    install_patches,
+    make_request,
+    make_scheduler,
+    replay,
+)
+from vllm_lighter_mamba.envs import LighterMambaConfigError
+from vllm_lighter_mamba.patch._util import original
+from vllm_lighter_mamba.v1.core import block_pool_retention
+from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention, retention_of
+from vllm_lighter_mamba.v1.core.retention_policy import (
+    RetentionSettings,
+    decode_end_boundary,
+    eviction_score,
+    exclusive_attention_blocks,
+    is_resumable,
+    is_speculative,
+    parse_settings,
+    state_utility,
+)
+from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions
+from vllm_lighter_mamba.v1.metrics.counters import claim_primary_group, engine_counters
+from vllm_lighter_mamba.v1.metrics.prometheus import LighterMambaMetrics
+
+from .invariants import check_all_returned, check_pool
+
+BS = 4
+ATTENTION, MAMBA = [0], [1, 2, 3]
+
+
+# --- pure rules ------------------------------------------------------------------------------
+
+
+def test_admission_rules():
+    common = {"block_size": 16, "last_prompt_boundary": 96, "shared_prefix_boundary": 70,
+              "stops": (80,), "decode_end": 128}
+    assert is_resumable(96, **common)  # the prompt's last cacheable boundary
+    assert is_resumable(64, **common)  # the junction, floored to a block
+    assert is_resumable(80, **common)  # a cold-prompt checkpoint
+    assert is_resumable(128, **common)  # where decode ends: a continuation resumes there
+    assert not is_resumable(32, **common)  # a chunk end the budget made
+    assert not is_resumable(112, **common)  # a boundary decode crossed on the way
+    assert not is_resumable(0, **{**common, "shared_prefix_boundary": 0, "stops": ()})
+    # 100 prompt tokens and 40 to generate: 139 computed at the end, last boundary 128.
+    assert decode_end_boundary(100, 40, 16) == 128
+    assert decode_end_boundary(100, 1, 16) == 96
+    assert decode_end_boundary(100, None, 16) == 0
+
+
+def test_utility_counts_the_work_lost_per_page_freed():
+    # A state 2048 tokens deep with nothing cached before it, whose eviction frees its 3
+    # state pages and 8 attention blocks only it needs, against a leaf one block past it.
+    junction = state_utility(2048, 0, 3 + 8)
+    leaf = state_utility(2304, 2048, 3 + 1)
+    assert junction == pytest.approx(2048 / 11) and leaf == pytest.approx(256 / 4)
+    # Cached states below a state need its whole chain: its eviction frees only its pages.
+    assert exclusive_attention_blocks([(True, 2), (False, 1)]) == 0
+    # A leaf frees its own block and its ancestors up to one that holds or leads to a state.
+    assert exclusive_attention_blocks([(True, 0), (False, 1), (False, 1), (True, 1)]) == 3
+    assert exclusive_attention_blocks([(True, 0), (False, 1), (False, 2), (False, 3)]) == 2
+    assert exclusive_attention_blocks([(True, 0), (False, 1)]) == 2  # up to the root
+    # Lower scores go first; alpha 0 is recency alone.
+    assert eviction_score(10, leaf, 0.0) < eviction_score(11, junction, 0.0)
+    assert eviction_score(11, leaf, 1.0) < eviction_score(10, junction, 1.0)
+
+
+def test_speculative_checkpoints():
+    # A cold prompt's checkpoints (last boundary 160, block 16), then the align end a
+    # checkpoint pushed back (128): align caches that one, so it is no bet.
+    stops, checkpoints = (144, 128, 96, 128), (144, 128, 96)
+    assert is_speculative(96, stops, checkpoints) and is_speculative(144, stops, checkpoints)
+    assert not is_speculative(128, stops, checkpoints)
+    assert not is_speculative(160, stops, checkpoints)
+    assert not is_speculative(96, (), checkpoints)  # not a cold prompt: no checkpoints
+
+
+def test_settings():
+    assert parse_settings(None) == RetentionSettings()
+    assert parse_settings("off") is None
+    assert parse_settings({"alpha": 2}) == RetentionSettings(alpha=2.0)
+    assert parse_settings({"speculative_fraction": 0}) == RetentionSettings(speculative_fraction=0.0)
+    for bad in ("on", {"alpha": -1}, {"beta": 1}, {"alpha": True}, 3, {"speculative_fraction": "x"}):
+        with pytest.raises(LighterMambaConfigError, match="lighter_mamba_retention"):
+            parse_settings(bad)
+
+
+# --- the bookkeeping on vLLM's BlockPool ------------------------------------------------------
+
+
+class Pool:
+    """vLLM's BlockPool (patched as in a lighter engine) with the policy installed: one
+    attention group and three Mamba groups, chains cached by hand."""
+
+    def __init__(self, num_blocks: int = 64, alpha: float = 1.0, speculative_fraction: float = 1.0) -> None:
+        install_patches()
+        self.pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=BS)
+        claim_primary_group(self.pool, MAMBA[0])
+        self.counters = engine_counters(self.pool)
+        settings = RetentionSettings(alpha, speculative_fraction)
+        self.retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, self.counters)
+        self.held: list = []
+
+    def chain(self, rid: str, num_blocks: int, states: list[int], first_token: int = 1, cold: bool = False):
+        """A request of ``num_blocks`` full blocks plus one token, its attention cached, and a
+        state cached after each block index in ``states``; everything released (attention
+        first, as vLLM's coordinator frees a finished request). The last block's state is the
+        prompt's last boundary (admitted); others are budget chunk ends (dropped)."""
+        tokens = list(range(first_token, first_token + num_blocks * BS + 1))
+        request = make_request(SimRequest(rid, tokens, 1), BS)
+        if cold:  # as the scheduler marks a prompt that found nothing cached
+            request.lighter_mamba_stops = tuple(checkpoint_positions(num_blocks * BS, BS))
+        attention = self.pool.get_new_blocks(num_blocks)
+        self.pool.cache_full_blocks(request, attention, 0, num_blocks, BS, ATTENTION[0])
+        state_pages = {}
+        for index in states:
+            pages = []
+            for group in MAMBA:
+                block = self.pool.get_new_blocks(1)[0]
+                row = [self.pool.null_block] * index + [block]
+                self.pool.cache_full_blocks(request, row, index, index + 1, BS, group)
+                pages.append(block)
+            self.retention.state_cached(request, index, use_eagle=False)
+            state_pages[index] = pages
+        self.pool.free_blocks(reversed(attention))
+        for index in states:
+            self.pool.free_blocks(state_pages[index])
+        return attention, state_pages
+
+    def drain_free(self) -> None:
+        """Take every never-cached free block, so that the next allocation must evict."""
+        queue = self.pool.free_block_queue
+        while queue.num_free_blocks and queue.fake_free_list_head.next_free_block.block_hash is None:
+            self.held += self.pool.get_new_blocks(1)
+
+    def evicted(self) -> dict[str, int]:
+        return {k.removeprefix("evicted_pages_"): v for k, v in self.counters.as_dict().items()
+                if k.startswith("evicted_pages_") and v}
+
+
+def cached(blocks) -> bool:
+    return all(b.block_hash is not None for b in blocks)
+
+
+def test_without_pressure_the_free_queue_is_not_touched():
+    p = Pool(num_blocks=64)
+    p.chain("a", 6, [5])
+    queue = p.pool.free_block_queue
+    before = [b.block_id for b in queue.get_all_free_blocks()]
+    got = p.pool.get_new_blocks(10)  # never-cached blocks are at the front: no eviction
+    assert [b.block_id for b in got] == before[:10]
+    assert p.evicted() == {} and p.counters.states_evicted == 0
+
+
+def test_victims_in_order_dropped_state_then_ranked_then_attention_past_state():
+    p = Pool(num_blocks=48)
+    a_attention, a_states = p.chain("a", 8, [3, 7])  # 3: a budget chunk end (dropped); 7: kept
+    b_attention, b_states = p.chain("b", 4, [3], first_token=500)
+    p.drain_free()
+    node_a3 = p.retention.nodes[a_states[3][0].block_hash[:-4]]
+    assert not node_a3.resumable and p.counters.states_dropped == 1 and p.counters.states_admitted == 2
+    # 1. The dropped state goes first, all three of its pages, although it is more recent
+    #    than the older chain's attention.
+    p.pool.get_new_blocks(3)
+    assert not any(b.block_hash for b in a_states[3]) and cached(a_states[7]) and cached(a_attention)
+    assert p.evicted() == {"dropped_state": 3}
+    # 2. Then the admitted state with the lowest score (a's: older, and below the pages it
+    #    frees b's is no better); its attention chain is now past any cached state.
+    p.pool.get_new_blocks(3)
+    assert not any(b.block_hash for b in a_states[7]) and cached(b_states[3])
+    assert p.evicted() == {"dropped_state": 3, "ranked_state": 3}
+    # 3. a's attention goes before b's state: no hit can use it any more.
+    p.pool.get_new_blocks(8)
+    assert not any(b.block_hash for b in a_attention)
+    assert cached(b_states[3]) and cached(b_attention)
+    assert p.evicted() == {"dropped_state": 3, "ranked_state": 3, "attention_past_state": 8}
+    assert p.counters.states_evicted == 2 and not p.retention.pending
+
+
+def test_state_goes_with_its_attention_prefix():
+    p = Pool(num_blocks=48)
+    a_attention, a_states = p.chain("a", 8, [7])
+    b_attention, b_states = p.chain("b", 4, [3], first_token=500)
+    p.drain_free()
+    # Something else (here vLLM's own API, as a KV connector would) evicts one block in the
+    # middle of a's chain: a's state can no longer be reached, nor its deeper attention.
+    p.pool.evict_blocks({a_attention[2].block_id})
+    assert p.retention.nodes.get(a_states[7][0].block_hash[:-4]) is None
+    p.pool.get_new_blocks(3)
+    assert not any(b.block_hash for b in a_states[7])
+    assert p.evicted() == {"lru": 1, "orphan_state": 3}  # (the connector's eviction: lru)
+    p.pool.get_new_blocks(5)  # then a's attention past the gap
+    assert not any(b.block_hash for b in a_attention[3:]) and cached(b_states[3]) and cached(b_attention)
+
+
+def test_blocks_in_use_are_never_victims():
+    p = Pool(num_blocks=48)
+    _, a_states = p.chain("a", 4, [1, 3])  # 1: dropped
+    p.drain_free()
+    p.pool.touch(a_states[1])  # a hit on the dropped state: in use, out of the free queue
+    got = p.pool.get_new_blocks(3)
+    assert cached(a_states[1]) and not any(b.block_hash for b in a_states[3])
+    assert {b.block_id for b in got} == {b.block_id for b in a_states[3]}
+    p.pool.free_blocks(a_states[1])  # released by a request that resumed from it: now kept
+    assert p.retention.nodes[a_states[1][0].block_hash[:-4]].resumable is False  # (hits mark it
+    p.retention.state_hit(a_states[1][0].block_hash[:-4], repeat=False)  # through the manager; see below)
+    assert p.retention.nodes[a_states[1][0].block_hash[:-4]].resumable
+
+
+def test_speculative_checkpoints_beyond_their_share_go_before_ranked_states():
+    """A cold prompt's checkpoints are bets align would not make: beyond their share of the
+    pool (here 0.1 x 60 pages = 2 states of 3 pages), the oldest go before any ranked state,
+    even an older one; a checkpoint someone resumed from is no bet any more."""
+    p = Pool(num_blocks=60, speculative_fraction=0.1)
+    _, old = p.chain("old", 4, [3], first_token=500)  # ranked, released first
+    _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints 2, 4, 5 blocks; last 6
+    nodes = {i: p.retention.nodes[cold[i][0].block_hash[:-4]] for i in cold}
+    assert [nodes[i].speculative for i in (1, 3, 4, 5)] == [True, True, True, False]
+    assert len(p.retention.speculative) == 3
+    p.drain_free()
+    p.pool.get_new_blocks(3)  # one speculative state too many: the oldest goes
+    assert not any(b.block_hash for b in cold[1]) and cached(cold[3]) and cached(old[3])
+    assert p.evicted() == {"speculative_state": 3}
+    p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # a follower resumed there
+    assert not nodes[4].speculative and len(p.retention.speculative) == 1
+    p.pool.get_new_blocks(3)  # within their share: ranking as usual (the oldest state)
+    assert cached(cold[3]) and not any(b.block_hash for b in old[3])
+    assert p.evicted() == {"speculative_state": 3, "ranked_state": 3}
+
+
+def test_a_partial_state_goes_first():
+    """One state is a page in each Mamba group; when an allocation evicts only some of them,
+    the rest can serve no hit and go next."""
+    p = Pool(num_blocks=40)
+    _, a_states = p.chain("a", 4, [3])
+    _, b_states = p.chain("b", 4, [3], first_token=500)
+    p.drain_free()
+    p.pool.get_new_blocks(1)
+    assert sum(b.block_hash is None for b in a_states[3]) == 1
+    p.pool.get_new_blocks(2)
+    assert not any(b.block_hash for b in a_states[3]) and cached(b_states[3])
+    assert p.evicted() == {"ranked_state": 1, "orphan_state": 2}
+
+
+# --- through vLLM's scheduler ------------------------------------------------------------------
+
+
+def node_at(scheduler, request, position):
+    retention = retention_of(scheduler.kv_cache_manager.block_pool)
+    return retention.nodes.get(request.block_hashes[position // 16 - 1])
+
+
+def test_admission_decisions_in_a_replay(qwen3_next_dir):
+    # 161 prompt tokens (last boundary 160, a cold prompt: checkpoints 144, 128, 96), a
+    # 64-token budget (chunk ends 64, then 96, 128, 144, 160); 40 tokens to generate: decode
+    # crosses 176 and 192, and ends at 200 computed tokens (state at 192).
+    request = SimRequest("a", list(range(1, 162)), max_tokens=40)
+    result = replay("lighter", [request], qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
+    scheduler, vllm_request = result.scheduler, result.requests["a"]
+    positions = (64, 96, 128, 144, 160, 176, 192)
+    decisions = {pos: node_at(scheduler, vllm_request, pos).resumable for pos in positions}
+    assert decisions == {64: False, 96: True, 128: True, 144: True, 160: True, 176: False, 192: True}
+    # Checkpoints 96 and 144 are bets; 128 is also align's chunk end (owed): not a bet.
+    speculative = {pos: node_at(scheduler, vllm_request, pos).speculative for pos in (96, 128, 144, 160)}
+    assert speculative == {96: True, 128: False, 144: True, 160: False}
+    counters = scheduler.lighter_counters
+    assert (counters.states_admitted, counters.states_dropped) == (5, 2)
+    assert counters.states_held == counters.states_cached == 7
+
+
+def test_a_request_that_stops_early_keeps_its_deepest_state(qwen3_next_dir):
+    """Decode was expected to run to 200 tokens; aborted after about 180, its deepest state
+    (176) was dropped when decode crossed it, and is kept once the request lets go."""
+    request = SimRequest("a", list(range(1, 162)), max_tokens=40, abort_at_step=25)
+    result = replay("lighter", [request], qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
+    vllm_request = result.requests["a"]
+    assert 176 < vllm_request.num_computed_tokens < 192
+    assert node_at(result.scheduler, vllm_request, 176).resumable
+    check_all_returned(result.scheduler)
+
+
+def test_counters_add_up_under_pressure(qwen3_next_dir):
+    reqs = [SimRequest(f"e{i}", [i % 3 + 1] * 100 + [i + 7] * 60, max_tokens=20, arrival_step=4 * i)
+            for i in range(16)]
+    result = replay("lighter", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64, num_blocks=80,
+                    num_mamba_groups=3, check=lambda s, o, step: check_pool(s))
+    counters = result.scheduler.lighter_counters
+    tracker = cached_block_tracker(result.scheduler)
+    evicted = sum(v for k, v in counters.as_dict().items() if k.startswith("evicted_pages_"))
+    assert evicted == tracker.evicted_state_blocks + tracker.evicted_attn_blocks > 0
+    assert counters.evicted_pages_lru == 0  # the policy picked every victim
+    pool = result.scheduler.kv_cache_manager.block_pool
+    held = sum(1 for b in pool.blocks if b.block_hash is not None and get_group_id(b.block_hash) == 1)
+    assert counters.states_held == held == counters.states_cached - counters.states_evicted
+    assert counters.states_admitted > 0 and counters.evicted_pages_ranked_state > 0
+    check_all_returned(result.scheduler)
+
+
+def test_gauge_and_counters_reach_prometheus():
+    metrics = LighterMambaMetrics()
+    values = {"states_held": 7, "states_admitted": 5, "evicted_pages_ranked_state": 3}
+    metrics.export(91, values)
+    sample = REGISTRY.get_sample_value
+    assert sample("vllm:lighter_mamba_states_held", {"engine": "91"}) == 7
+    assert sample("vllm:lighter_mamba_states_admitted_total", {"engine": "91"}) == 5
+    assert sample("vllm:lighter_mamba_evicted_pages_ranked_state_total", {"engine": "91"}) == 3
+    metrics.export(91, {**values, "states_held": 2, "states_admitted": 6})
+    assert sample("vllm:lighter_mamba_states_held", {"engine": "91"}) == 2  # a gauge goes down
+    assert sample("vllm:lighter_mamba_states_admitted_total", {"engine": "91"}) == 6
+
+
+def pressure_trace() -> list[SimRequest]:
+    return [SimRequest(f"r{i}", [i % 4 + 1] * 90 + [i + 11] * (20 + 7 * (i % 5)), max_tokens=12 + i % 9,
+                       arrival_step=3 * i) for i in range(18)]
+
+
+def test_align_under_pressure_is_vllms_own(qwen3_next_dir):
+    """With our patches installed in the process, an align engine's pool runs upstream's
+    code: the same replay with upstream's methods bound on its pool makes the same decisions."""
+    install_patches()
+    assert BlockPool.free_blocks is not original(BlockPool, "free_blocks")  # ours wraps it
+    kwargs = {"block_size": 16, "max_num_batched_tokens": 64, "num_blocks": 70, "num_mamba_groups": 3}
+    patched = replay("align", pressure_trace(), qwen3_next_dir, **kwargs)
+    assert retention_of(patched.scheduler.kv_cache_manager.block_pool) is None
+    scheduler = make_scheduler("align", qwen3_next_dir, **kwargs)
+    pool = scheduler.kv_cache_manager.block_pool
+    for name in ("get_new_blocks", "free_blocks", "_maybe_evict_cached_block", "reset_prefix_cache"):
+        setattr(pool, name, types.MethodType(original(BlockPool, name), pool))
+    stock = replay("align", pressure_trace(), qwen3_next_dir, scheduler=scheduler)
+    assert patched.evicted_state_blocks + patched.evicted_attn_blocks > 0
+    assert stock.chunks == patched.chunks and stock.cached_per_request == patched.cached_per_request
+    assert (stock.evicted_state_blocks, stock.evicted_attn_blocks) == (
+        patched.evicted_state_blocks, patched.evicted_attn_blocks)
+
+    def pool_state(result):
+        pool = result.scheduler.kv_cache_manager.block_pool
+        queue = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+        return queue, sorted((b.block_id, b.block_hash) for b in pool.blocks if b.block_hash is not None)
+
+    assert pool_state(stock) == pool_state(patched)  # the same LRU order, the same cached blocks
+
+
+def test_policy_off_leaves_lrus_order_and_failures_turn_it_off(qwen3_next_dir, monkeypatch):
+    kwargs = {"block_size": 16, "max_num_batched_tokens": 64, "num_blocks": 70, "num_mamba_groups": 3}
+    off = replay("lighter:off", pressure_trace(), qwen3_next_dir, **kwargs)
+    assert retention_of(off.scheduler.kv_cache_manager.block_pool) is None
+    assert off.scheduler.lighter_counters.evicted_pages_lru > 0
+    on = replay("lighter", pressure_trace(), qwen3_next_dir, **kwargs)
+    assert on.outputs == off.outputs and on.chunks != off.chunks  # other victims, same tokens
+
+    def broken(self, blocks):
+        raise RuntimeError("bookkeeping bug")
+
+    monkeypatch.setattr(block_pool_retention.StateRetention, "after_free", broken)
+    failed = replay("lighter", pressure_trace(), qwen3_next_dir, **kwargs)
+    # The engine went on in vLLM's order: same decisions as with the policy off.
+    assert retention_of(failed.scheduler.kv_cache_manager.block_pool) is None
+    assert failed.chunks == off.chunks and failed.cached_per_request == off.cached_per_request
+    check_all_returned(failed.scheduler)

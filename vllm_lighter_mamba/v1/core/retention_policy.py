@@ -1,0 +1,190 @@
+"""Which cached boundary states to keep, and what to evict first: the lighter cache's
+retention policy, as pure functions (the bookkeeping that applies it to vLLM's block pool is
+``block_pool_retention.py``).
+
+A cached boundary state is expensive: one page in *every* Mamba KV-cache group (Qwen3-Next-80B:
+3 pages, against one page of attention KV for the same block of tokens), and it is useful only
+together with the attention KV of every block before it. vLLM's single LRU free queue evicts
+states and attention blocks independently, so under memory pressure it keeps states whose
+attention prefix is gone and attention blocks that no cached state can resume past.
+
+The policy (applied only when the pool must evict, so nothing changes without pressure):
+
+1. Admission. When the request that cached a state has moved on, the state is *admitted*
+   (ranked with the rest) if a later request can resume from it: the prompt's last cacheable
+   boundary, a junction with another cached prefix, a cold-prompt checkpoint (and the align
+   chunk ends those owe), the boundary where the request's decode will end (a multi-turn
+   continuation resumes there), or a state some request already resumed from. Any other
+   state (a chunk end the token budget made, a boundary decode crossed on the way) is
+   *dropped*: still cached, but first in line for eviction.
+2. Coordinated eviction. First the pages that cannot serve any hit: states whose attention
+   prefix is gone (or that lost one group's page), then attention blocks past the deepest
+   state cached on their chain (a hit can never reach them); then dropped states; then the
+   admitted states in order of :func:`eviction_score`: recency plus ``alpha`` times the
+   prefill work a hit saves per page its eviction would free (Marconi's utility, MLSys 2025).
+   ``alpha`` was chosen by a measured sweep (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_lighter_mamba.envs import LighterMambaConfigError
+
+# ``additional_config`` key: "off" turns the policy off (vLLM's LRU order), a mapping sets
+# its parameters, e.g. {"alpha": 1.0}.
+SETTINGS_KEY = "lighter_mamba_retention"
+
+# Weight of the utility term against recency (see :func:`eviction_score`); chosen by the
+# sweep over multi-prefix and multi-turn-sessions in docs/benchmarks.md.
+DEFAULT_ALPHA = 4.0
+
+# Why a page was evicted, in the order victims are taken. "lru": the pool evicted a cached
+# page the policy did not pick (nothing of the policy's tiers was left).
+EVICTION_REASONS = (
+    "orphan_state",
+    "attention_past_state",
+    "dropped_state",
+    "speculative_state",
+    "ranked_state",
+    "lru",
+)
+
+
+# Share of the pool that cold-prompt checkpoints nobody resumed from yet may hold under
+# pressure before the oldest go first (docs/benchmarks.md).
+DEFAULT_SPECULATIVE_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    alpha: float = DEFAULT_ALPHA
+    speculative_fraction: float = DEFAULT_SPECULATIVE_FRACTION
+
+
+def parse_settings(value: Any) -> RetentionSettings | None:
+    """The policy's settings from ``additional_config[SETTINGS_KEY]`` (None: policy off)."""
+    if value is None:
+        return RetentionSettings()
+    if isinstance(value, str) and value.lower() in ("off", "none", "lru"):
+        return None
+    if isinstance(value, dict) and set(value) <= {"alpha", "speculative_fraction"}:
+        numbers = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if len(numbers) == len(value) and all(v >= 0 for v in numbers.values()):
+            return RetentionSettings(**{k: float(v) for k, v in numbers.items()})
+    raise LighterMambaConfigError(
+        f"additional_config[{SETTINGS_KEY!r}] = {value!r}: expected \"off\" or "
+        '{"alpha": <number >= 0>, "speculative_fraction": <number >= 0>}'
+    )
+
+
+def decode_end_boundary(num_prompt_tokens: int, max_tokens: int | None, block_size: int) -> int:
+    """The deepest boundary whose state exists when the request stops at ``max_tokens``.
+
+    At the end ``num_prompt_tokens + max_tokens - 1`` tokens are computed (the last sampled
+    token is not): a continuation of the conversation resumes from this boundary.
+    """
+    if not max_tokens:
+        return 0
+    end = num_prompt_tokens + max_tokens - 1
+    return end - end % block_size
+
+
+def expected_by_others(position: int, *, block_size: int, shared_prefix_boundary: int,
+                       stops: Iterable[int]) -> bool:
+    """The state after ``position`` tokens is where *other* requests are expected to resume:
+    the block-floored junction vLLM reported with another cached prefix (its siblings), or one
+    of the request's own chunk stops (cold-prompt checkpoints and the align ends they owe: an
+    expected branch point, the first follower's)."""
+    junction = shared_prefix_boundary - shared_prefix_boundary % block_size
+    return (junction > 0 and position == junction) or position in stops
+
+
+def expected_by_itself(position: int, *, last_prompt_boundary: int, decode_end: int) -> bool:
+    """The state is where *this* request's own future resumes: its prompt's last cacheable
+    boundary (the same prompt again) or the boundary its decode ends on (the next turn)."""
+    return position in (last_prompt_boundary, decode_end)
+
+
+def is_speculative(position: int, stops: tuple[int, ...], checkpoints: tuple[int, ...]) -> bool:
+    """A cold-prompt checkpoint that align would not have cached: a bet on a branch point.
+
+    ``stops`` are the request's chunk stops: its ``checkpoints`` (decided at its first
+    admission), then the align chunk ends they pushed back (owed), which align does cache.
+    """
+    if not checkpoints or stops[: len(checkpoints)] != checkpoints:
+        return False  # not a cold prompt
+    return position in checkpoints and position not in stops[len(checkpoints):]
+
+
+def is_resumable(
+    position: int,
+    *,
+    block_size: int,
+    last_prompt_boundary: int,
+    shared_prefix_boundary: int,
+    stops: Iterable[int],
+    decode_end: int,
+) -> bool:
+    """Whether a later request can be expected to resume from the state after ``position``
+    tokens (a multiple of ``block_size``) that this request cached: admitted, or dropped.
+
+    A state some request *resumed from* is admitted whatever this says (the caller marks
+    hits); other states (chunk ends the token budget made, boundaries decode crossed on the
+    way) are dropped.
+    """
+    return expected_by_others(
+        position, block_size=block_size, shared_prefix_boundary=shared_prefix_boundary, stops=stops
+    ) or expected_by_itself(position, last_prompt_boundary=last_prompt_boundary, decode_end=decode_end)
+
+
+def prefill_work(start_tokens: int, end_tokens: int) -> float:
+    """Prefill work (in token-equivalents) of computing tokens ``[start, end)``.
+
+    Linear in tokens: in the hybrids this cache serves most layers are linear-time (GDN,
+    Mamba) and the attention layers' quadratic term stays below the per-token weight FLOPs
+    up to contexts of tens of thousands of tokens (Qwen3-Next-80B: about 30k). Only ratios
+    between states matter for ranking.
+    """
+    return float(max(end_tokens - start_tokens, 0))
+
+
+def state_utility(position: int, ancestor_position: int, pages_freed: int) -> float:
+    """Prefill work a hit on this state saves per page it holds (Marconi's FLOP efficiency).
+
+    Evicting the state loses only the work past the nearest cached state before it on the
+    chain (``ancestor_position``, 0 if none): a later request resumes there instead. The
+    pages it holds are those its eviction would free: its own (one per Mamba group) and the
+    attention blocks no other cached state needs (see :func:`exclusive_attention_blocks`).
+    """
+    return prefill_work(ancestor_position, position) / max(pages_freed, 1)
+
+
+def exclusive_attention_blocks(chain_up: Iterable[tuple[bool, int]]) -> int:
+    """How many attention blocks only this state needs, walking up its chain from its own
+    block: ``chain_up`` yields ``(has_state, live_children)`` for the state's node, then its
+    parent, and so on. None if cached states hang below it (they need its whole chain);
+    otherwise the blocks up to the first ancestor that holds a state or leads to another one.
+    """
+    count = 0
+    for depth, (has_state, live_children) in enumerate(chain_up):
+        if depth == 0:
+            if live_children > 0:
+                return 0
+        elif has_state or live_children > 1:
+            break
+        count += 1
+    return count
+
+
+def eviction_score(recency: int, utility: float, alpha: float) -> float:
+    """Lower is evicted first.
+
+    ``recency`` is the pool's clock when the state was last released (it advances by one per
+    cached page released), so ``alpha * utility`` reads as "pages of extra lifetime": with
+    alpha 1, a state saving 200 tokens of prefill per page outlives one saving 50 by about
+    150 released pages. Alpha 0 is LRU among admitted states.
+    """
+    return recency + alpha * utility
