@@ -7,7 +7,8 @@ the traces where the lighter cache caches fewer / more prompt tokens than align,
 and the total hit tokens. A benchmark, not a test (the strict property, one request running at
 a time, is ``tests/v1/core/test_random_traces.py``).
 
-    python benchmarks/benchmark_random_traces.py [--num-traces 3000] [--seed 0] [--json OUT]
+    python benchmarks/benchmark_random_traces.py [--num-traces 3000] [--seed 0] [--json OUT] \\
+        [--mode lighter:off]     # without the state retention policy (vLLM's LRU order)
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-traces", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0, help="trace i uses seed + i")
     parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")
+    parser.add_argument("--mode", default="lighter",
+                        help="the lighter mode compared with align: lighter, lighter:off (no retention "
+                        "policy), lighter:alpha=X,spec=Y")
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args(argv)
     from vllm_lighter_mamba.bench.sim import SimRequest, replay
@@ -35,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
                     for r in requests]  # no aborts: both modes see the same requests through
         run = {**run, "resets": []}
         align = replay("align", requests, args.model, max_steps=50_000, **run, **kwargs)
-        ours = replay("lighter", requests, args.model, max_steps=50_000, **run, **kwargs)
+        ours = replay(args.mode, requests, args.model, max_steps=50_000, **run, **kwargs)
         pool = "400 blocks" if kwargs["num_blocks"] == 400 else "small pool"
         row = counts[pool]
         row["traces"] += 1

@@ -100,6 +100,12 @@ def test_lighter_counters_on_metrics_equal_the_cached_tokens(server):
     assert metric_total(values, "vllm:lighter_mamba_state_hit_tokens_total") == expected_tokens
     assert metric_total(values, "vllm:lighter_mamba_state_hits_total") == expected_hits
     assert metric_total(values, "vllm:lighter_mamba_states_cached_total") > 0
-    for name in ("states_evicted", "lost_hit_tokens"):
+    for name in ("states_evicted", "lost_hit_tokens", "states_dropped", "evicted_pages_ranked_state"):
         assert f'vllm:lighter_mamba_{name}_total{{engine="0"}}' in values, name
+    # The retention policy's view: the states the hits used are still held, and were kept
+    # for later requests (no pressure in this run, so nothing was evicted).
+    assert 0 < metric_total(values, "vllm:lighter_mamba_states_held") <= metric_total(
+        values, "vllm:lighter_mamba_states_cached_total"
+    )
+    assert metric_total(values, "vllm:lighter_mamba_states_admitted_total") > 0
     assert "lighter Mamba cache: states_cached=" in log.read_text()

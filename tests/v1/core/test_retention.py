@@ -28,9 +28,12 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     decode_end_boundary,
     eviction_score,
     exclusive_attention_blocks,
-    is_resumable,
+    expected_by_itself,
+    expected_by_others,
     is_speculative,
     parse_settings,
+    settle_bet,
+    speculative_budget,
     state_utility,
 )
 from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions
@@ -47,15 +50,16 @@ ATTENTION, MAMBA = [0], [1, 2, 3]
 
 
 def test_admission_rules():
-    common = {"block_size": 16, "last_prompt_boundary": 96, "shared_prefix_boundary": 70,
-              "stops": (80,), "decode_end": 128}
-    assert is_resumable(96, **common)  # the prompt's last cacheable boundary
-    assert is_resumable(64, **common)  # the junction, floored to a block
-    assert is_resumable(80, **common)  # a cold-prompt checkpoint
-    assert is_resumable(128, **common)  # where decode ends: a continuation resumes there
-    assert not is_resumable(32, **common)  # a chunk end the budget made
-    assert not is_resumable(112, **common)  # a boundary decode crossed on the way
-    assert not is_resumable(0, **{**common, "shared_prefix_boundary": 0, "stops": ()})
+    others = {"block_size": 16, "shared_prefix_boundary": 70, "stops": (80,)}
+    itself = {"last_prompt_boundary": 96, "decode_end": 128}
+    assert expected_by_itself(96, **itself)  # the prompt's last cacheable boundary
+    assert expected_by_others(64, **others)  # the junction, floored to a block
+    assert expected_by_others(80, **others)  # a cold-prompt checkpoint
+    assert expected_by_itself(128, **itself)  # where decode ends: a continuation resumes there
+    for position in (32, 112):  # a chunk end the budget made; a boundary decode crossed
+        assert not expected_by_others(position, **others) and not expected_by_itself(position, **itself)
+    assert not expected_by_itself(64, **itself) and not expected_by_others(96, **others)
+    assert not expected_by_others(0, block_size=16, shared_prefix_boundary=0, stops=())
     # 100 prompt tokens and 40 to generate: 139 computed at the end, last boundary 128.
     assert decode_end_boundary(100, 40, 16) == 128
     assert decode_end_boundary(100, 1, 16) == 96
@@ -240,6 +244,36 @@ def test_speculative_checkpoints_beyond_their_share_go_before_ranked_states():
     p.pool.get_new_blocks(3)  # within their share: ranking as usual (the oldest state)
     assert cached(cold[3]) and not any(b.block_hash for b in old[3])
     assert p.evicted() == {"speculative_state": 3, "ranked_state": 3}
+
+
+def test_checkpoints_that_serve_no_follower_lose_their_share():
+    """The share is scaled by how the checkpoint bets went lately: a checkpoint lost before
+    anyone resumed from it (every prompt distinct, exact repeats) shrinks it, so under
+    pressure the other checkpoints go before any ranked state even within the share."""
+    p = Pool(num_blocks=60, speculative_fraction=1.0)  # share: all 20 states of the pool
+    _, old = p.chain("old", 4, [3], first_token=500)
+    _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints after blocks 1, 3, 4
+    p.drain_free()
+    p.pool.evict_blocks({cold[1][0].block_id})  # lost (as a connector would evict it)
+    assert (p.retention.bets_won, p.retention.bets_lost) == (0.0, 1.0)
+    # The lost state's other two pages first, then of the 2 checkpoints left (share: 20 x 0
+    # won) the oldest, before the older ranked state.
+    p.pool.get_new_blocks(5)
+    assert not any(b.block_hash for b in cold[3]) and cached(cold[4]) and cached(old[3])
+    assert p.evicted() == {"lru": 1, "orphan_state": 2, "speculative_state": 3}
+    p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # won: no bet any more
+    assert p.retention.bets_won == 1.0 and not p.retention.speculative
+
+
+def test_bet_record_and_share():
+    assert speculative_budget(100, 0.5, won=0, lost=0) == 50  # nothing settled: trusted
+    assert speculative_budget(100, 0.5, won=1, lost=3) == 12.5
+    assert speculative_budget(100, 0.5, won=0, lost=2) == 0
+    won, lost = 0.0, 0.0
+    for _ in range(2000):  # a long run of lost bets, then one won: the record follows
+        won, lost = settle_bet(won, lost, outcome_won=False)
+    won, lost = settle_bet(won, lost, outcome_won=True)
+    assert won == 1.0 and 250 < lost < 256
 
 
 def test_a_partial_state_goes_first():

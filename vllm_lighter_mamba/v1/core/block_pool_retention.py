@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from vllm.v1.core.kv_cache_utils import (
@@ -48,6 +48,8 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     expected_by_itself,
     expected_by_others,
     is_speculative,
+    settle_bet,
+    speculative_budget,
     state_utility,
 )
 from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions, last_cache_position
@@ -126,6 +128,9 @@ class StateRetention:
         self.released: dict[BlockHash, int] = {}  # clock when a ranked state was released
         self.seq = 0
         self.clock = 0
+        # Checkpoint bets settled lately (decayed): a follower resumed there, or it was lost.
+        self.bets_won = 0.0
+        self.bets_lost = 0.0
         # Victims moved to the front of the free queue: why, by block id (for the counters).
         self.pending: dict[int, str] = {}
 
@@ -155,6 +160,8 @@ class StateRetention:
         was_live = node.live
         node.state = value
         if not value:
+            if node.speculative:
+                self._settle(node, won=False)
             self.ranked_seq.pop(node.key, None)
             self.released.pop(node.key, None)
             self.dropped.pop(node.key, None)
@@ -187,6 +194,8 @@ class StateRetention:
             current = stack.pop()
             if current.state:
                 orphaned.append(current.key)
+                if current.speculative:
+                    self._settle(current, won=False)
             stack.extend(current.children)
             del self.nodes[current.key]
             self.ranked_seq.pop(current.key, None)
@@ -238,6 +247,12 @@ class StateRetention:
                 and is_speculative(position, tuple(getattr(request, "lighter_mamba_stops", ())), checkpoints)
             )
 
+    def _settle(self, node: _Node, won: bool) -> None:
+        """A checkpoint bet is over: it is an ordinary state from now on (or gone)."""
+        self.bets_won, self.bets_lost = settle_bet(self.bets_won, self.bets_lost, won)
+        node.speculative = False
+        self.speculative.pop(node.key, None)
+
     def state_hit(self, block_hash: BlockHash, repeat: bool) -> None:
         """A request resumed from this state: a later one may too. ``repeat``: it was the
         deepest hit the request's prompt allows (the same prompt again, or a sibling that
@@ -246,8 +261,8 @@ class StateRetention:
         if node is not None:
             node.resumable = True
             node.provisional = False
-            node.speculative = False
-            self.speculative.pop(block_hash, None)
+            if node.speculative:
+                self._settle(node, won=True)
             node.shared = node.shared or repeat
 
     def request_released(self, request: Any, use_eagle: bool) -> None:
@@ -433,43 +448,36 @@ class StateRetention:
                     self.pending[block.block_id] = reason
             return True
 
-        while len(victims) < count and self.orphans:
-            block_hash, _ = self.orphans.popitem(last=False)
-            node = self.nodes.get(block_hash)
-            if node is not None and node.state:
-                continue  # reachable again (its prefix was recomputed)
-            if not take(self._free_blocks(block_hash, self.mamba_groups), "orphan_state"):
-                self.orphans[block_hash] = None
-                self.orphans.move_to_end(block_hash, last=False)
-        while len(victims) < count and self.dead_attention:
-            block_hash, _ = self.dead_attention.popitem(last=False)
-            node = self.nodes.get(block_hash)
-            if node is not None and node.live:
-                continue  # a state below it was cached since
-            if not take(self._free_blocks(block_hash, self.attention_groups), "attention_past_state"):
-                self.dead_attention[block_hash] = None
-                self.dead_attention.move_to_end(block_hash, last=False)
-        while len(victims) < count and self.dropped:
-            block_hash, _ = self.dropped.popitem(last=False)
-            node = self.nodes.get(block_hash)
-            if node is None or not node.state or node.resumable:
-                continue
-            if not self._free_blocks(block_hash, (self.primary,)):
-                continue  # in use again: released later, sorted again then
-            if not take(self._free_blocks(block_hash, self.mamba_groups), "dropped_state"):
-                self.dropped[block_hash] = None
-                self.dropped.move_to_end(block_hash, last=False)
-        budget = self.speculative_fraction * self.pool.num_gpu_blocks / len(self.mamba_groups)
-        while len(victims) < count and len(self.speculative) > budget:
-            block_hash, _ = self.speculative.popitem(last=False)
-            node = self.nodes.get(block_hash)
-            if node is None or not node.state or not node.speculative:
-                continue
-            if not self._free_blocks(block_hash, (self.primary,)):
-                continue  # in use again: released later, counted again then
-            if not take(self._free_blocks(block_hash, self.mamba_groups), "speculative_state"):
-                self.speculative[block_hash] = None
-                self.speculative.move_to_end(block_hash, last=False)
+        def drain(queue: OrderedDict, reason: str, groups: Sequence[int], stale: Callable[[Any], bool],
+                  whole_state: bool, floor: float = 0) -> None:
+            """Take ``queue``'s oldest entries (skipping those ``stale`` says are no victims any
+            more) while blocks are missing and more than ``floor`` entries are left.
+            ``whole_state``: only a state none of whose pages is in use again."""
+            while len(victims) < count and len(queue) > floor:
+                block_hash, _ = queue.popitem(last=False)
+                if stale(self.nodes.get(block_hash)):
+                    continue
+                if whole_state and not self._free_blocks(block_hash, (self.primary,)):
+                    continue  # in use again: sorted again when it is released
+                if not take(self._free_blocks(block_hash, groups), reason):
+                    queue[block_hash] = None
+                    queue.move_to_end(block_hash, last=False)
+
+        # A node whose state is back (its prefix was recomputed) is no orphan; attention
+        # below which a state was cached since is needed again.
+        drain(self.orphans, "orphan_state", self.mamba_groups,
+              lambda node: node is not None and node.state, whole_state=False)
+        drain(self.dead_attention, "attention_past_state", self.attention_groups,
+              lambda node: node is not None and node.live, whole_state=False)
+        drain(self.dropped, "dropped_state", self.mamba_groups,
+              lambda node: node is None or not node.state or node.resumable, whole_state=True)
+        budget = speculative_budget(
+            self.pool.num_gpu_blocks / len(self.mamba_groups), self.speculative_fraction, self.bets_won,
+            self.bets_lost,
+        )
+        drain(self.speculative, "speculative_state", self.mamba_groups,
+              lambda node: node is None or not node.state or not node.speculative, whole_state=True,
+              floor=budget)
         while len(victims) < count and self.ranked:
             entry = heapq.heappop(self.ranked)
             score, seq, block_hash, released = entry

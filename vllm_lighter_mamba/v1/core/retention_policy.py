@@ -55,7 +55,30 @@ EVICTION_REASONS = (
 
 # Share of the pool that cold-prompt checkpoints nobody resumed from yet may hold under
 # pressure before the oldest go first (docs/benchmarks.md).
-DEFAULT_SPECULATIVE_FRACTION = 0.1
+DEFAULT_SPECULATIVE_FRACTION = 0.5
+
+
+# Weight kept by the record of checkpoint bets at each new outcome: the record spans about the
+# last 256 settled bets, so it follows a change of workload.
+BET_RECORD_DECAY = 1.0 - 1.0 / 256
+
+
+def settle_bet(won: float, lost: float, outcome_won: bool) -> tuple[float, float]:
+    """The decayed record of checkpoint bets after one more is settled: won (a follower
+    resumed from the checkpoint) or lost (evicted before anyone did)."""
+    won, lost = won * BET_RECORD_DECAY, lost * BET_RECORD_DECAY
+    return (won + 1.0, lost) if outcome_won else (won, lost + 1.0)
+
+
+def speculative_budget(pool_states: float, fraction: float, won: float, lost: float) -> float:
+    """How many unresumed cold-prompt checkpoints may stay cached before the oldest go first:
+    ``fraction`` of the pool (in states), scaled by the share of recent bets that won. A
+    workload whose checkpoints never serve a follower (every prompt distinct, exact repeats)
+    keeps none of them under pressure; one whose checkpoints do (system prompts) keeps up to
+    the share. Before any bet is settled the record is trusted in full."""
+    settled = won + lost
+    win_rate = won / settled if settled else 1.0
+    return fraction * pool_states * win_rate
 
 
 @dataclass(frozen=True)
@@ -117,27 +140,6 @@ def is_speculative(position: int, stops: tuple[int, ...], checkpoints: tuple[int
     if not checkpoints or stops[: len(checkpoints)] != checkpoints:
         return False  # not a cold prompt
     return position in checkpoints and position not in stops[len(checkpoints):]
-
-
-def is_resumable(
-    position: int,
-    *,
-    block_size: int,
-    last_prompt_boundary: int,
-    shared_prefix_boundary: int,
-    stops: Iterable[int],
-    decode_end: int,
-) -> bool:
-    """Whether a later request can be expected to resume from the state after ``position``
-    tokens (a multiple of ``block_size``) that this request cached: admitted, or dropped.
-
-    A state some request *resumed from* is admitted whatever this says (the caller marks
-    hits); other states (chunk ends the token budget made, boundaries decode crossed on the
-    way) are dropped.
-    """
-    return expected_by_others(
-        position, block_size=block_size, shared_prefix_boundary=shared_prefix_boundary, stops=stops
-    ) or expected_by_itself(position, last_prompt_boundary=last_prompt_boundary, decode_end=decode_end)
 
 
 def prefill_work(start_tokens: int, end_tokens: int) -> float:
