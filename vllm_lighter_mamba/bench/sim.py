@@ -68,6 +68,18 @@ class SimRequest:
     abort_at_step: int | None = None
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding in a replay (synchronous scheduling): after every step each
+    decoding request gets ``num_tokens`` draft tokens, as vLLM's drafter proposes them, and
+    the next step accepts a random number of them (0 to all, uniform, from ``seed``), as
+    the rejection sampler decides. The mocked model samples the same tokens either way, so
+    outputs equal those of a replay without speculation."""
+
+    num_tokens: int
+    seed: int = 0
+
+
 @dataclass
 class SimResult:
     mode: str
@@ -267,10 +279,12 @@ def make_scheduler(
     use_eagle: bool = False,
     async_scheduling: bool = False,
     num_mamba_groups: int = 1,
+    num_spec_tokens: int = 0,
 ):
     """A vLLM scheduler over a hybrid KV-cache config (one attention group, then
     ``num_mamba_groups`` Mamba groups, as vLLM groups e.g. Qwen3-Next-80B's 36 GDN layers
-    into 3), no model."""
+    into 3), no model. ``num_spec_tokens``: draft tokens per step, as a speculative config
+    sets them (``replay(speculation=...)`` passes its own)."""
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -333,8 +347,11 @@ def make_scheduler(
         block_size=scheduler_block_size,
         hash_block_size=hash_block_size,
     )
+    # What a speculative config with that many tokens sets (building one needs a real model).
+    scheduler.num_spec_tokens = num_spec_tokens
     if use_eagle:
         scheduler.use_eagle = True
+        scheduler.num_lookahead_tokens = num_spec_tokens
     return scheduler
 
 
@@ -388,6 +405,7 @@ def replay(
     resets: Sequence[int] = (),
     scheduler=None,
     on_finish: Callable[[object, int], Sequence[SimRequest]] | None = None,
+    speculation: Speculation | None = None,
     **scheduler_kwargs,
 ) -> SimResult:
     """Run ``requests`` to completion.
@@ -400,8 +418,19 @@ def replay(
     ``reset_prefix_cache(reset_running_requests=True)``). Pass the ``scheduler`` of an
     earlier replay to continue on its (warm) prefix cache. ``on_finish(request, step)`` (vLLM's
     ``Request``) may return new requests (``arrival_step`` absolute) when a request finishes.
+    ``speculation``: draft tokens and random acceptance (see :class:`Speculation`; pass the
+    matching ``num_speculative_blocks`` for the Mamba groups).
     """
+    if speculation is not None and overlap:
+        raise ValueError("speculation is replayed with synchronous scheduling only")
+    accept = None
+    if speculation is not None:
+        import random
+
+        accept = functools.partial(random.Random(speculation.seed).randint, 0)
     if scheduler is None:
+        if speculation is not None:
+            scheduler_kwargs["num_spec_tokens"] = speculation.num_tokens
         scheduler = make_scheduler(mode, model_dir, **scheduler_kwargs)
     block_size = scheduler.cache_config.block_size
     tracker = cached_block_tracker(scheduler)
@@ -420,7 +449,9 @@ def replay(
     in_flight = None  # (output, scheduled tokens) of the step whose output is not processed
 
     def process(output, samples) -> None:
-        _process(scheduler, output, samples, live)
+        _process(scheduler, output, samples, live, accept)
+        if speculation is not None:
+            _propose_drafts(scheduler, output, speculation.num_tokens)
         if on_finish is None:
             return
         for rid in output.num_scheduled_tokens:
@@ -496,13 +527,34 @@ def replay(
     return result
 
 
-def _process(scheduler, output, samples: dict[str, bool], live: dict) -> None:
+def _propose_drafts(scheduler, output, num_tokens: int) -> None:
+    """Draft tokens for the step's requests, as vLLM's engine core hands the drafter's to the
+    scheduler after each step (it drops those of requests still in prefill)."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    req_ids = [rid for rid in output.num_scheduled_tokens if rid in scheduler.requests]
+    scheduler.update_draft_token_ids(DraftTokenIds(req_ids, [[1] * num_tokens for _ in req_ids]))
+
+
+def _process(
+    scheduler, output, samples: dict[str, bool], live: dict, accept: Callable[[int], int] | None = None
+) -> None:
     """The mocked model's output for one step: a token for every request that samples, a
-    deterministic function of its tokens so far (so every mode samples the same)."""
+    deterministic function of its tokens so far (so every mode samples the same); with draft
+    tokens scheduled, ``accept(num_drafts)`` of them are accepted and as many more sampled."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids = list(samples)
-    sampled = [[next_token(live[rid].all_token_ids)] if samples[rid] else [] for rid in req_ids]
+    drafts = output.scheduled_spec_decode_tokens
+    sampled = []
+    for rid in req_ids:
+        tokens = list(live[rid].all_token_ids)
+        count = int(samples[rid])
+        if count and accept is not None and rid in drafts:
+            count += accept(len(drafts[rid]))
+        for _ in range(count):
+            tokens.append(next_token(tokens))
+        sampled.append(tokens[len(tokens) - count:])
     runner_output = ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
