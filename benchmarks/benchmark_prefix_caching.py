@@ -122,7 +122,7 @@ def sources(args):
 
 def modes_of(args) -> list[str]:
     """The modes to run; --simulate also takes lighter:off (no retention policy: vLLM's LRU
-    eviction order) and lighter:alpha=X,spec=Y (other settings)."""
+    eviction order) and lighter:alpha=X,share=Y (other settings)."""
     modes = args.compare.split(",") if args.compare else [args.mamba_cache_mode or "lighter"]
     for mode in modes:
         if mode in MODES:

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")
     parser.add_argument("--mode", default="lighter",
                         help="the lighter mode compared with align: lighter, lighter:off (no retention "
-                        "policy), lighter:alpha=X,spec=Y")
+                        "policy), lighter:alpha=X,share=Y")
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args(argv)
     from vllm_lighter_mamba.bench.sim import SimRequest, replay

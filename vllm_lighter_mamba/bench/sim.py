@@ -31,22 +31,22 @@ MODES = ("none", "align", "lighter")
 
 def parse_mode(mode: str) -> tuple[str, str | tuple[tuple[str, float], ...] | None]:
     """``lighter`` with the retention policy's defaults, ``lighter:off`` without the policy
-    (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``spec=Y``, comma-separated) with
+    (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, comma-separated) with
     other settings (``RetentionSettings``)."""
     base, _, option = mode.partition(":")
     if base not in MODES or (option and base != "lighter"):
-        expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,spec=Y"))
+        expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y"))
         raise ValueError(f"unknown mode {mode!r}; expected {expected}")
     if not option:
         return base, None
     if option == "off":
         return base, "off"
-    names = {"alpha": "alpha", "spec": "speculative_fraction"}
+    names = {"alpha": "alpha", "share": "checkpoint_share"}
     settings = []
     for item in option.split(","):
         name, _, value = item.partition("=")
         if name not in names:
-            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, spec=Y)")
+            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, share=Y)")
         settings.append((names[name], float(value)))
     return base, tuple(settings)
 

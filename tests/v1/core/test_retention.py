@@ -25,15 +25,15 @@ from vllm_lighter_mamba.v1.core import block_pool_retention
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention, retention_of
 from vllm_lighter_mamba.v1.core.retention_policy import (
     RetentionSettings,
+    checkpoint_budget,
     decode_end_boundary,
     eviction_score,
     exclusive_attention_blocks,
     expected_by_itself,
     expected_by_others,
-    is_speculative,
+    is_checkpoint_bet,
     parse_settings,
     settle_bet,
-    speculative_budget,
     state_utility,
 )
 from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions
@@ -83,22 +83,22 @@ def test_utility_counts_the_work_lost_per_page_freed():
     assert eviction_score(11, leaf, 1.0) < eviction_score(10, junction, 1.0)
 
 
-def test_speculative_checkpoints():
+def test_checkpoint_bets():
     # A cold prompt's checkpoints (last boundary 160, block 16), then the align end a
     # checkpoint pushed back (128): align caches that one, so it is no bet.
     stops, checkpoints = (144, 128, 96, 128), (144, 128, 96)
-    assert is_speculative(96, stops, checkpoints) and is_speculative(144, stops, checkpoints)
-    assert not is_speculative(128, stops, checkpoints)
-    assert not is_speculative(160, stops, checkpoints)
-    assert not is_speculative(96, (), checkpoints)  # not a cold prompt: no checkpoints
+    assert is_checkpoint_bet(96, stops, checkpoints) and is_checkpoint_bet(144, stops, checkpoints)
+    assert not is_checkpoint_bet(128, stops, checkpoints)
+    assert not is_checkpoint_bet(160, stops, checkpoints)
+    assert not is_checkpoint_bet(96, (), checkpoints)  # not a cold prompt: no checkpoints
 
 
 def test_settings():
     assert parse_settings(None) == RetentionSettings()
     assert parse_settings("off") is None
     assert parse_settings({"alpha": 2}) == RetentionSettings(alpha=2.0)
-    assert parse_settings({"speculative_fraction": 0}) == RetentionSettings(speculative_fraction=0.0)
-    for bad in ("on", {"alpha": -1}, {"beta": 1}, {"alpha": True}, 3, {"speculative_fraction": "x"}):
+    assert parse_settings({"checkpoint_share": 0}) == RetentionSettings(checkpoint_share=0.0)
+    for bad in ("on", {"alpha": -1}, {"beta": 1}, {"alpha": True}, 3, {"checkpoint_share": "x"}):
         with pytest.raises(LighterMambaConfigError, match="lighter_mamba_retention"):
             parse_settings(bad)
 
@@ -110,12 +110,12 @@ class Pool:
     """vLLM's BlockPool (patched as in a lighter engine) with the policy installed: one
     attention group and three Mamba groups, chains cached by hand."""
 
-    def __init__(self, num_blocks: int = 64, alpha: float = 1.0, speculative_fraction: float = 1.0) -> None:
+    def __init__(self, num_blocks: int = 64, alpha: float = 1.0, checkpoint_share: float = 1.0) -> None:
         install_patches()
         self.pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=BS)
         claim_primary_group(self.pool, MAMBA[0])
         self.counters = engine_counters(self.pool)
-        settings = RetentionSettings(alpha, speculative_fraction)
+        settings = RetentionSettings(alpha, checkpoint_share)
         self.retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, self.counters)
         self.held: list = []
 
@@ -225,32 +225,32 @@ def test_blocks_in_use_are_never_victims():
     assert p.retention.nodes[a_states[1][0].block_hash[:-4]].resumable
 
 
-def test_speculative_checkpoints_beyond_their_share_go_before_ranked_states():
+def test_checkpoint_bets_beyond_their_share_go_before_ranked_states():
     """A cold prompt's checkpoints are bets align would not make: beyond their share of the
     pool (here 0.1 x 60 pages = 2 states of 3 pages), the oldest go before any ranked state,
     even an older one; a checkpoint someone resumed from is no bet any more."""
-    p = Pool(num_blocks=60, speculative_fraction=0.1)
+    p = Pool(num_blocks=60, checkpoint_share=0.1)
     _, old = p.chain("old", 4, [3], first_token=500)  # ranked, released first
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints 2, 4, 5 blocks; last 6
     nodes = {i: p.retention.nodes[cold[i][0].block_hash[:-4]] for i in cold}
-    assert [nodes[i].speculative for i in (1, 3, 4, 5)] == [True, True, True, False]
-    assert len(p.retention.speculative) == 3
+    assert [nodes[i].bet for i in (1, 3, 4, 5)] == [True, True, True, False]
+    assert len(p.retention.bets) == 3
     p.drain_free()
-    p.pool.get_new_blocks(3)  # one speculative state too many: the oldest goes
+    p.pool.get_new_blocks(3)  # one checkpoint bet too many: the oldest goes
     assert not any(b.block_hash for b in cold[1]) and cached(cold[3]) and cached(old[3])
-    assert p.evicted() == {"speculative_state": 3}
+    assert p.evicted() == {"unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # a follower resumed there
-    assert not nodes[4].speculative and len(p.retention.speculative) == 1
+    assert not nodes[4].bet and len(p.retention.bets) == 1
     p.pool.get_new_blocks(3)  # within their share: ranking as usual (the oldest state)
     assert cached(cold[3]) and not any(b.block_hash for b in old[3])
-    assert p.evicted() == {"speculative_state": 3, "ranked_state": 3}
+    assert p.evicted() == {"unproven_checkpoint": 3, "ranked_state": 3}
 
 
 def test_checkpoints_that_serve_no_follower_lose_their_share():
     """The share is scaled by how the checkpoint bets went lately: a checkpoint lost before
     anyone resumed from it (every prompt distinct, exact repeats) shrinks it, so under
     pressure the other checkpoints go before any ranked state even within the share."""
-    p = Pool(num_blocks=60, speculative_fraction=1.0)  # share: all 20 states of the pool
+    p = Pool(num_blocks=60, checkpoint_share=1.0)  # share: all 20 states of the pool
     _, old = p.chain("old", 4, [3], first_token=500)
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints after blocks 1, 3, 4
     p.drain_free()
@@ -260,15 +260,15 @@ def test_checkpoints_that_serve_no_follower_lose_their_share():
     # won) the oldest, before the older ranked state.
     p.pool.get_new_blocks(5)
     assert not any(b.block_hash for b in cold[3]) and cached(cold[4]) and cached(old[3])
-    assert p.evicted() == {"lru": 1, "orphan_state": 2, "speculative_state": 3}
+    assert p.evicted() == {"lru": 1, "orphan_state": 2, "unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # won: no bet any more
-    assert p.retention.bets_won == 1.0 and not p.retention.speculative
+    assert p.retention.bets_won == 1.0 and not p.retention.bets
 
 
 def test_bet_record_and_share():
-    assert speculative_budget(100, 0.5, won=0, lost=0) == 50  # nothing settled: trusted
-    assert speculative_budget(100, 0.5, won=1, lost=3) == 12.5
-    assert speculative_budget(100, 0.5, won=0, lost=2) == 0
+    assert checkpoint_budget(100, 0.5, won=0, lost=0) == 50  # nothing settled: trusted
+    assert checkpoint_budget(100, 0.5, won=1, lost=3) == 12.5
+    assert checkpoint_budget(100, 0.5, won=0, lost=2) == 0
     won, lost = 0.0, 0.0
     for _ in range(2000):  # a long run of lost bets, then one won: the record follows
         won, lost = settle_bet(won, lost, outcome_won=False)
@@ -309,8 +309,8 @@ def test_admission_decisions_in_a_replay(qwen3_next_dir):
     decisions = {pos: node_at(scheduler, vllm_request, pos).resumable for pos in positions}
     assert decisions == {64: False, 96: True, 128: True, 144: True, 160: True, 176: False, 192: True}
     # Checkpoints 96 and 144 are bets; 128 is also align's chunk end (owed): not a bet.
-    speculative = {pos: node_at(scheduler, vllm_request, pos).speculative for pos in (96, 128, 144, 160)}
-    assert speculative == {96: True, 128: False, 144: True, 160: False}
+    bets = {pos: node_at(scheduler, vllm_request, pos).bet for pos in (96, 128, 144, 160)}
+    assert bets == {96: True, 128: False, 144: True, 160: False}
     counters = scheduler.lighter_counters
     assert (counters.states_admitted, counters.states_dropped) == (5, 2)
     assert counters.states_held == counters.states_cached == 7

@@ -42,14 +42,14 @@ from vllm.v1.core.kv_cache_utils import (
 
 from vllm_lighter_mamba.v1.core.retention_policy import (
     RetentionSettings,
+    checkpoint_budget,
     decode_end_boundary,
     eviction_score,
     exclusive_attention_blocks,
     expected_by_itself,
     expected_by_others,
-    is_speculative,
+    is_checkpoint_bet,
     settle_bet,
-    speculative_budget,
     state_utility,
 )
 from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions, last_cache_position
@@ -61,7 +61,7 @@ class _Node:
     """A cached prefix (one block hash) on a chain that leads to a cached state."""
 
     __slots__ = ("key", "parent", "children", "index", "state", "live_children", "resumable", "admitted",
-                 "dropped", "branched", "provisional", "shared", "speculative")
+                 "dropped", "branched", "provisional", "shared", "bet")
 
     def __init__(self, key: BlockHash, parent: _Node | None, index: int) -> None:
         self.key = key
@@ -82,7 +82,7 @@ class _Node:
         self.shared = False
         # A cold-prompt checkpoint nobody resumed from yet: a bet on a branch point, and a
         # state align would not have cached.
-        self.speculative = False
+        self.bet = False
 
     @property
     def live(self) -> bool:
@@ -109,7 +109,7 @@ class StateRetention:
         self.mamba_set = frozenset(self.mamba_groups)
         self.attention_set = frozenset(self.attention_groups)
         self.alpha = settings.alpha
-        self.speculative_fraction = settings.speculative_fraction
+        self.checkpoint_share = settings.checkpoint_share
         self.counters = counters
         self.clear()
 
@@ -119,9 +119,9 @@ class StateRetention:
         self.orphans: OrderedDict[BlockHash, None] = OrderedDict()
         self.dead_attention: OrderedDict[BlockHash, None] = OrderedDict()
         self.dropped: OrderedDict[BlockHash, None] = OrderedDict()
-        # Released speculative states (also ranked), oldest first: beyond the budget, the
+        # Released checkpoint bets (also ranked), oldest first: beyond their share, the
         # oldest go before any ranked state.
-        self.speculative: OrderedDict[BlockHash, None] = OrderedDict()
+        self.bets: OrderedDict[BlockHash, None] = OrderedDict()
         # (score, seq, block hash, clock when released); only the latest seq of a hash counts.
         self.ranked: list[tuple[float, int, BlockHash, int]] = []
         self.ranked_seq: dict[BlockHash, int] = {}
@@ -160,12 +160,12 @@ class StateRetention:
         was_live = node.live
         node.state = value
         if not value:
-            if node.speculative:
+            if node.bet:
                 self._settle(node, won=False)
             self.ranked_seq.pop(node.key, None)
             self.released.pop(node.key, None)
             self.dropped.pop(node.key, None)
-            self.speculative.pop(node.key, None)
+            self.bets.pop(node.key, None)
         if node.live != was_live:
             self._liveness_changed(node)
 
@@ -194,14 +194,14 @@ class StateRetention:
             current = stack.pop()
             if current.state:
                 orphaned.append(current.key)
-                if current.speculative:
+                if current.bet:
                     self._settle(current, won=False)
             stack.extend(current.children)
             del self.nodes[current.key]
             self.ranked_seq.pop(current.key, None)
             self.released.pop(current.key, None)
             self.dropped.pop(current.key, None)
-            self.speculative.pop(current.key, None)
+            self.bets.pop(current.key, None)
             if current is not node:
                 self.dead_attention[current.key] = None
         parent = node.parent
@@ -241,17 +241,18 @@ class StateRetention:
             last = last_cache_position(request.num_prompt_tokens, bs, use_eagle)
             checkpoints = tuple(checkpoint_positions(last, bs))
             junction = request.shared_prefix_boundary - request.shared_prefix_boundary % bs
-            node.speculative = (
+            node.bet = (
                 not own
                 and position != junction
-                and is_speculative(position, tuple(getattr(request, "lighter_mamba_stops", ())), checkpoints)
+                and is_checkpoint_bet(position, tuple(getattr(request, "lighter_mamba_stops", ())),
+                                      checkpoints)
             )
 
     def _settle(self, node: _Node, won: bool) -> None:
         """A checkpoint bet is over: it is an ordinary state from now on (or gone)."""
         self.bets_won, self.bets_lost = settle_bet(self.bets_won, self.bets_lost, won)
-        node.speculative = False
-        self.speculative.pop(node.key, None)
+        node.bet = False
+        self.bets.pop(node.key, None)
 
     def state_hit(self, block_hash: BlockHash, repeat: bool) -> None:
         """A request resumed from this state: a later one may too. ``repeat``: it was the
@@ -261,7 +262,7 @@ class StateRetention:
         if node is not None:
             node.resumable = True
             node.provisional = False
-            if node.speculative:
+            if node.bet:
                 self._settle(node, won=True)
             node.shared = node.shared or repeat
 
@@ -304,9 +305,9 @@ class StateRetention:
                     self.orphans[block_hash] = None
                 elif node.resumable:
                     self._rank(node)
-                    if node.speculative:
-                        self.speculative.pop(block_hash, None)
-                        self.speculative[block_hash] = None  # most recent last
+                    if node.bet:
+                        self.bets.pop(block_hash, None)
+                        self.bets[block_hash] = None  # most recent last
                 else:
                     self.dropped.pop(block_hash, None)
                     self.dropped[block_hash] = None  # most recent last
@@ -471,12 +472,12 @@ class StateRetention:
               lambda node: node is not None and node.live, whole_state=False)
         drain(self.dropped, "dropped_state", self.mamba_groups,
               lambda node: node is None or not node.state or node.resumable, whole_state=True)
-        budget = speculative_budget(
-            self.pool.num_gpu_blocks / len(self.mamba_groups), self.speculative_fraction, self.bets_won,
+        budget = checkpoint_budget(
+            self.pool.num_gpu_blocks / len(self.mamba_groups), self.checkpoint_share, self.bets_won,
             self.bets_lost,
         )
-        drain(self.speculative, "speculative_state", self.mamba_groups,
-              lambda node: node is None or not node.state or not node.speculative, whole_state=True,
+        drain(self.bets, "unproven_checkpoint", self.mamba_groups,
+              lambda node: node is None or not node.state or not node.bet, whole_state=True,
               floor=budget)
         while len(victims) < count and self.ranked:
             entry = heapq.heappop(self.ranked)

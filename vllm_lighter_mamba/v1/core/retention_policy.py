@@ -47,7 +47,7 @@ EVICTION_REASONS = (
     "orphan_state",
     "attention_past_state",
     "dropped_state",
-    "speculative_state",
+    "unproven_checkpoint",
     "ranked_state",
     "lru",
 )
@@ -55,7 +55,7 @@ EVICTION_REASONS = (
 
 # Share of the pool that cold-prompt checkpoints nobody resumed from yet may hold under
 # pressure before the oldest go first (docs/benchmarks.md).
-DEFAULT_SPECULATIVE_FRACTION = 0.5
+DEFAULT_CHECKPOINT_SHARE = 0.5
 
 
 # Weight kept by the record of checkpoint bets at each new outcome: the record spans about the
@@ -70,7 +70,7 @@ def settle_bet(won: float, lost: float, outcome_won: bool) -> tuple[float, float
     return (won + 1.0, lost) if outcome_won else (won, lost + 1.0)
 
 
-def speculative_budget(pool_states: float, fraction: float, won: float, lost: float) -> float:
+def checkpoint_budget(pool_states: float, fraction: float, won: float, lost: float) -> float:
     """How many unresumed cold-prompt checkpoints may stay cached before the oldest go first:
     ``fraction`` of the pool (in states), scaled by the share of recent bets that won. A
     workload whose checkpoints never serve a follower (every prompt distinct, exact repeats)
@@ -84,7 +84,7 @@ def speculative_budget(pool_states: float, fraction: float, won: float, lost: fl
 @dataclass(frozen=True)
 class RetentionSettings:
     alpha: float = DEFAULT_ALPHA
-    speculative_fraction: float = DEFAULT_SPECULATIVE_FRACTION
+    checkpoint_share: float = DEFAULT_CHECKPOINT_SHARE
 
 
 def parse_settings(value: Any) -> RetentionSettings | None:
@@ -93,13 +93,13 @@ def parse_settings(value: Any) -> RetentionSettings | None:
         return RetentionSettings()
     if isinstance(value, str) and value.lower() in ("off", "none", "lru"):
         return None
-    if isinstance(value, dict) and set(value) <= {"alpha", "speculative_fraction"}:
+    if isinstance(value, dict) and set(value) <= {"alpha", "checkpoint_share"}:
         numbers = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if len(numbers) == len(value) and all(v >= 0 for v in numbers.values()):
             return RetentionSettings(**{k: float(v) for k, v in numbers.items()})
     raise LighterMambaConfigError(
         f"additional_config[{SETTINGS_KEY!r}] = {value!r}: expected \"off\" or "
-        '{"alpha": <number >= 0>, "speculative_fraction": <number >= 0>}'
+        '{"alpha": <number >= 0>, "checkpoint_share": <number >= 0>}'
     )
 
 
@@ -131,7 +131,7 @@ def expected_by_itself(position: int, *, last_prompt_boundary: int, decode_end: 
     return position in (last_prompt_boundary, decode_end)
 
 
-def is_speculative(position: int, stops: tuple[int, ...], checkpoints: tuple[int, ...]) -> bool:
+def is_checkpoint_bet(position: int, stops: tuple[int, ...], checkpoints: tuple[int, ...]) -> bool:
     """A cold-prompt checkpoint that align would not have cached: a bet on a branch point.
 
     ``stops`` are the request's chunk stops: its ``checkpoints`` (decided at its first

@@ -35,7 +35,7 @@ DOCS = {
     "evicted_pages_attention_past_state": "Cached pages evicted: attention past the deepest cached "
     "state on its chain",
     "evicted_pages_dropped_state": "Cached pages evicted: a dropped state",
-    "evicted_pages_speculative_state": "Cached pages evicted: a cold-prompt checkpoint nobody resumed "
+    "evicted_pages_unproven_checkpoint": "Cached pages evicted: a cold-prompt checkpoint nobody resumed "
     "from yet, beyond their share of the pool",
     "evicted_pages_ranked_state": "Cached pages evicted: an admitted state, lowest recency + "
     "utility score first",
