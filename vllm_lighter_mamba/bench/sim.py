@@ -389,6 +389,14 @@ def next_token(token_ids: Sequence[int]) -> int:
     return (sum(token_ids[-8:]) * 31 + len(token_ids)) % 997
 
 
+def continuation(token_ids: Sequence[int], count: int) -> list[int]:
+    """The mocked model's next ``count`` tokens after ``token_ids`` (greedy)."""
+    out: list[int] = []
+    for _ in range(count):
+        out.append(next_token([*token_ids, *out] if out else token_ids))
+    return out
+
+
 def blocks_in_use(scheduler) -> int:
     pool = scheduler.kv_cache_manager.block_pool
     return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
@@ -548,13 +556,10 @@ def _process(
     drafts = output.scheduled_spec_decode_tokens
     sampled = []
     for rid in req_ids:
-        tokens = list(live[rid].all_token_ids)
         count = int(samples[rid])
         if count and accept is not None and rid in drafts:
             count += accept(len(drafts[rid]))
-        for _ in range(count):
-            tokens.append(next_token(tokens))
-        sampled.append(tokens[len(tokens) - count:])
+        sampled.append(continuation(live[rid].all_token_ids, count))
     runner_output = ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},

@@ -23,19 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_lighter_mamba.bench.sim import SimRequest, next_token, replay
+from vllm_lighter_mamba.bench.sim import SimRequest, continuation, replay
 
 from .invariants import check_all_returned, check_pool
 from .shadow import replay_with_shadow
-
-
-def generate(prompt: list[int], max_tokens: int) -> list[int]:
-    """The mocked model's greedy output (a deterministic function of the tokens so far)."""
-    tokens, out = list(prompt), []
-    for _ in range(max_tokens):
-        out.append(next_token(tokens))
-        tokens.append(out[-1])
-    return out
 
 
 def random_trace(seed: int) -> tuple[list[SimRequest], dict, list[int]]:
@@ -56,7 +47,7 @@ def random_trace(seed: int) -> tuple[list[SimRequest], dict, list[int]]:
             prompt = list(rng.choice(reqs).prompt_token_ids)
         elif reqs and kind < 0.45:  # the next turn of an earlier conversation
             earlier = rng.choice(reqs)
-            reply = generate(earlier.prompt_token_ids, earlier.max_tokens)
+            reply = continuation(earlier.prompt_token_ids, earlier.max_tokens)
             message = [rng.randrange(1, 300) for _ in range(rng.randrange(1, 2 * bs))]
             prompt = earlier.prompt_token_ids + reply + message
             arrival = max(arrival, earlier.arrival_step + 2 * earlier.max_tokens)

@@ -162,12 +162,16 @@ class StateRetention:
         if not value:
             if node.bet:
                 self._settle(node, won=False)
-            self.ranked_seq.pop(node.key, None)
-            self.released.pop(node.key, None)
-            self.dropped.pop(node.key, None)
-            self.bets.pop(node.key, None)
+            self._untier(node.key)
         if node.live != was_live:
             self._liveness_changed(node)
+
+    def _untier(self, key: BlockHash) -> None:
+        """The state at ``key`` is gone: forget its entries among the released states."""
+        self.ranked_seq.pop(key, None)
+        self.released.pop(key, None)
+        self.dropped.pop(key, None)
+        self.bets.pop(key, None)
 
     def _liveness_changed(self, node: _Node) -> None:
         """Carry a node's change of liveness up its chain (stops where nothing changes)."""
@@ -198,10 +202,7 @@ class StateRetention:
                     self._settle(current, won=False)
             stack.extend(current.children)
             del self.nodes[current.key]
-            self.ranked_seq.pop(current.key, None)
-            self.released.pop(current.key, None)
-            self.dropped.pop(current.key, None)
-            self.bets.pop(current.key, None)
+            self._untier(current.key)
             if current is not node:
                 self.dead_attention[current.key] = None
         parent = node.parent
@@ -223,29 +224,25 @@ class StateRetention:
         if not node.resumable:
             bs = self.block_size
             position = (index + 1) * bs
+            stops = tuple(getattr(request, "lighter_mamba_stops", ()))
+            last = last_cache_position(request.num_prompt_tokens, bs, use_eagle)
             shared = expected_by_others(
-                position,
-                block_size=bs,
-                shared_prefix_boundary=request.shared_prefix_boundary,
-                stops=getattr(request, "lighter_mamba_stops", ()),
+                position, block_size=bs, shared_prefix_boundary=request.shared_prefix_boundary, stops=stops
             )
             own = expected_by_itself(
                 position,
-                last_prompt_boundary=last_cache_position(request.num_prompt_tokens, bs, use_eagle),
+                last_prompt_boundary=last,
                 decode_end=decode_end_boundary(request.num_prompt_tokens, request.max_tokens, bs),
             )
             node.resumable = shared or own
             node.provisional = own and not shared
             node.shared = shared
-            # As the scheduler chose them at the request's first admission (its prompt).
-            last = last_cache_position(request.num_prompt_tokens, bs, use_eagle)
-            checkpoints = tuple(checkpoint_positions(last, bs))
+            # The checkpoints as the scheduler chose them at the request's first admission.
             junction = request.shared_prefix_boundary - request.shared_prefix_boundary % bs
             node.bet = (
                 not own
                 and position != junction
-                and is_checkpoint_bet(position, tuple(getattr(request, "lighter_mamba_stops", ())),
-                                      checkpoints)
+                and is_checkpoint_bet(position, stops, tuple(checkpoint_positions(last, bs)))
             )
 
     def _settle(self, node: _Node, won: bool) -> None:
