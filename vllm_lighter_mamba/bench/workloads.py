@@ -291,3 +291,44 @@ def random_trace(rng: random.Random, one_at_a_time: bool = False, max_model_len:
     if rng.random() < 0.2 and not one_at_a_time:
         resets = sorted(rng.sample(range(1, 60), rng.randrange(1, 3)))
     return requests, scheduler_kwargs, {"overlap": async_scheduling, "resets": resets}
+
+
+def history_trace(seed: int) -> tuple[list, dict, list[int]]:
+    """System prompts shared by questions, exact repeats and multi-turn continuations (an
+    earlier prompt, its reply and a new message), with random arrivals; and pool sizes from
+    the smallest that runs every request to one that never evicts. Small blocks (4-16 tokens)
+    and pools of a few dozen blocks: the retention property test's traces
+    (``tests/v1/core/test_retention_property.py``, ``benchmarks/benchmark_pressure_traces.py``)."""
+    from vllm_lighter_mamba.bench.sim import SimRequest, continuation
+
+    rng = random.Random(seed)
+    bs = rng.choice([4, 8, 16])
+    systems = [
+        [rng.randrange(1, 300) for _ in range(rng.randrange(bs, 6 * bs))] for _ in range(rng.randrange(1, 4))
+    ]
+    reqs: list = []
+    for i in range(rng.randrange(3, 10)):
+        kind = rng.random()
+        arrival = rng.randrange(0, 12 * (i + 1))
+        max_tokens = rng.randrange(1, 3 * bs)
+        if reqs and kind < 0.2:  # the same prompt again
+            prompt = list(rng.choice(reqs).prompt_token_ids)
+        elif reqs and kind < 0.45:  # the next turn of an earlier conversation
+            earlier = rng.choice(reqs)
+            reply = continuation(earlier.prompt_token_ids, earlier.max_tokens)
+            message = [rng.randrange(1, 300) for _ in range(rng.randrange(1, 2 * bs))]
+            prompt = earlier.prompt_token_ids + reply + message
+            arrival = max(arrival, earlier.arrival_step + 2 * earlier.max_tokens)
+        else:
+            prompt = rng.choice(systems) + [rng.randrange(1, 300) for _ in range(rng.randrange(1, 3 * bs))]
+        reqs.append(SimRequest(f"q{i}", prompt, max_tokens, arrival))
+    groups = rng.choice([1, 3])
+    need = max(-(-(len(r.prompt_token_ids) + r.max_tokens) // bs) for r in reqs) + 3 * groups + 2
+    kwargs = {
+        "block_size": bs,
+        "max_num_batched_tokens": bs * rng.randrange(2, 6),
+        "max_num_seqs": rng.choice([2, 4, 8]),
+        "num_mamba_groups": groups,
+        "max_model_len": 4096,
+    }
+    return reqs, kwargs, sorted({need, need + 2, need + 5, 3 * need // 2, 2 * need, 4 * need, 1000})
