@@ -12,4 +12,10 @@ def triton_runs_here() -> bool:
 requires_triton = pytest.mark.skipif(
     not triton_runs_here(), reason="needs a CUDA GPU or TRITON_INTERPRET=1"
 )
+def device() -> str:
+    """Where the kernels under test run: the GPU if there is one, else the CPU (Triton's
+    interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

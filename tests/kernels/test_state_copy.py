@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,11 +17,7 @@ from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton, word_dt
 from vllm_lighter_mamba.ops.state_indices import state_indices_torch
 from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, any_moves, state_tensor_table
 
-from .conftest import requires_triton
-
-
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+from .conftest import device, requires_triton
 
 
 def kv_buffer(gen, num_blocks: int, page: int, layouts, dev: str):
@@ -139,6 +136,7 @@ def copier_for(spec, tensors, on_gpu: bool) -> MambaStateCopier:
     copier.groups, copier.on_gpu, copier.block_sizes = [(1, spec, tensors)], on_gpu, [spec.block_size]
     copier.num_moves, copier.recent_moves = 0, deque()
     copier._table_key, copier._entries, copier._word = None, None, torch.uint8
+    copier.num_spec, copier.conv_tensors = 0, frozenset()
     return copier
 
 
@@ -192,3 +190,95 @@ def test_cpu_copier_matches_reference():
     copier.copy(fake_runner(table, seq_lens, query_lens), 32, query_lens.numpy())
     assert torch.equal(raw, expected)
     assert copier.num_moves == len(copier.recent_moves) > 0
+
+
+# --- speculative decoding: the accepted states after sampling (ops/spec_settle.py) ---------
+
+
+def settle_reference(raw, tensors, conv, table, seq_lens, query_lens, accepted, drafts, block_size):
+    """``settle_moves`` applied row by row with the CPU path's tensor copies, on a copy of ``raw``."""
+    from vllm_lighter_mamba.ops.spec_settle import settle_moves
+    from vllm_lighter_mamba.v1.worker.mamba_state_copy import apply_settle_move
+
+    expected = raw.clone()
+    mirrors = [
+        torch.as_strided(expected.view(t.dtype), t.shape, t.stride(), t.storage_offset()) for t in tensors
+    ]
+    conv_ids = frozenset(id(mirrors[i]) for i in conv)
+    for r in range(seq_lens.shape[0]):
+        if int(drafts[r]) < 0:
+            continue
+        for move in settle_moves(int(seq_lens[r]), int(query_lens[r]), int(accepted[r]), block_size):
+            apply_settle_move(mirrors, conv_ids, table[r].tolist(), move)
+    return expected
+
+
+@requires_triton
+@pytest.mark.parametrize("num_spec", [1, 2, 3])
+def test_settle_matches_the_rules(num_spec):
+    """Random spec-decode rows (every start offset, acceptance and boundary crossing), plus
+    non-spec rows that must not move: the fused launch equals the rules applied in order,
+    including the in-place shift of a conv window inside its own block."""
+    dev = device()
+    block_size = 8
+    gen = torch.Generator().manual_seed(num_spec)
+    # conv: (rows = 3 + num_spec, dim 4) bf16; temporal: (2, 4, 4) fp32.
+    layouts = [(torch.bfloat16, (3 + num_spec, 4), 0), (torch.float32, (2, 4, 4), 64)]
+    num_reqs, max_blocks = 48, 8
+    num_blocks = (num_reqs + 3) * max_blocks + 1
+    raw, tensors = kv_buffer(gen, num_blocks, 256, layouts, dev)
+    ids = torch.randperm(num_blocks - 1, generator=gen)[: num_reqs * max_blocks] + 1
+    table = ids.reshape(num_reqs, max_blocks).to(torch.int32)
+    computed = torch.randint(1, (max_blocks - num_spec - 1) * block_size, (num_reqs,), generator=gen)
+    drafts = torch.randint(0, num_spec + 1, (num_reqs,), generator=gen)
+    drafts[::5] = -1  # prefill / plain decode rows: untouched
+    query_lens = torch.where(drafts >= 0, drafts + 1, torch.randint(1, 9, (num_reqs,), generator=gen))
+    seq_lens = computed + query_lens
+    accepted = torch.minimum(torch.randint(1, num_spec + 2, (num_reqs,), generator=gen), query_lens)
+    spec = SimpleNamespace(block_size=block_size, num_speculative_blocks=num_spec)
+    expected = settle_reference(raw, tensors, {0}, table, seq_lens, query_lens, accepted, drafts, block_size)
+    entries, word = state_tensor_table([(1, spec, tensors)], [table.to(dev)], frozenset({id(tensors[0])}))
+    from vllm_lighter_mamba.ops.state_copy_triton import settle_states_triton
+
+    as_dev = [x.to(torch.int32).to(dev) for x in (seq_lens, query_lens, accepted, drafts)]
+    before = raw.clone()
+    settle_states_triton(entries, word, *as_dev)
+    assert torch.equal(raw, expected)
+    assert not torch.equal(raw, before)
+
+
+def test_settle_rules_by_hand():
+    """Block 4, a step of 3 tokens after 5 computed (tokens 6, 7, 8; the running position
+    is 1): all accepted ends on the boundary (state of token 8 to position 1); one accepted
+    leaves the state of token 6 at position 1; a step from 3 computed (tokens 4, 5, 6,
+    running position 1) crossing the boundary at token 4 copies it to position 0 first."""
+    from vllm_lighter_mamba.ops.spec_settle import SettleMove, settle_moves
+
+    assert settle_moves(8, 3, 3, 4) == [SettleMove(1, 2, 1)]
+    assert settle_moves(8, 3, 1, 4) == []  # token 6's state is already in column 0 = position 1
+    assert settle_moves(6, 3, 3, 4) == [SettleMove(1, 0, 0), SettleMove(1, 2, 1)]
+    assert settle_moves(6, 3, 1, 4) == [SettleMove(1, 0, 0)]  # only token 4: it is the boundary
+
+
+@requires_triton
+def test_spec_decode_steps_read_column_zero_and_always_plan_on_the_device():
+    """With speculative blocks the copier sets every row's accepted count to 1 (the running
+    state is in column 0, where settle and this copy put it) and launches without the host
+    check: the host's counts assume every draft accepted under async scheduling."""
+    dev = device()
+    gen = torch.Generator().manual_seed(5)
+    layouts, page = LAYOUTS["gdn"]
+    raw, tensors = kv_buffer(gen, 200, page, layouts, dev)
+    table, seq_lens, query_lens = random_step(gen, 16, 6, 200, 16, dev)
+    spec = SimpleNamespace(block_size=16, num_speculative_blocks=2)
+    expected = reference(raw, [(spec, tensors)], [table], seq_lens, query_lens)
+    assert not torch.equal(raw, expected)  # the step moves states
+    runner = fake_runner(table, seq_lens, query_lens)
+    runner.num_accepted_tokens = SimpleNamespace(gpu=torch.full((20,), 3, dtype=torch.int32, device=dev))
+    # Host counts that say "nothing moves" (as optimistic async counts can): still planned.
+    runner.input_batch.num_computed_tokens_cpu = np.full(16, 20)
+    copier = copier_for(spec, tensors, on_gpu=True)
+    copier.num_spec = 2
+    copier.copy(runner, 16, np.ones(16, dtype=np.int32))
+    assert torch.equal(raw, expected)
+    assert bool((runner.num_accepted_tokens.gpu == 1).all())

@@ -140,14 +140,14 @@ def test_pure_mamba_model_is_cleanly_off(mamba2_dir, caplog, monkeypatch):
     assert "changes nothing" in caplog.text and "lighter Mamba cache on" not in caplog.text
 
 
-def test_unsupported_options_each_get_one_line():
+def test_unsupported_options_each_get_one_line(monkeypatch):
     from types import SimpleNamespace as NS
 
     from vllm_lighter_mamba.config import config_conflicts
 
     def fake(**overrides):
         config = NS(
-            cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True),
+            cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True, block_size=16),
             scheduler_config=NS(enable_chunked_prefill=True),
             parallel_config=NS(decode_context_parallel_size=1, prefill_context_parallel_size=1),
             speculative_config=None,
@@ -165,7 +165,6 @@ def test_unsupported_options_each_get_one_line():
     assert config_conflicts(fake()) == []
     cases = {
         "context parallelism": {"parallel_config__decode_context_parallel_size": 2},
-        "speculative decoding": {"speculative_config": object()},
         "KV connectors": {"kv_transfer_config": object()},
         "chunked prefill is disabled": {"scheduler_config__enable_chunked_prefill": False},
         "--mamba-cache-mode all": {"cache_config__mamba_cache_mode": "all"},
@@ -174,3 +173,22 @@ def test_unsupported_options_each_get_one_line():
     for phrase, overrides in cases.items():
         problems = config_conflicts(fake(**overrides))
         assert len(problems) == 1 and phrase in problems[0], (phrase, problems)
+
+    # Speculative decoding: no method is accepted yet unless asked for as experimental (each
+    # untested method is one line naming the opt-in); the CPU backend and steps longer than
+    # a block are rejected either way.
+    from vllm.platforms import current_platform
+
+    ngram = NS(method="ngram", num_speculative_tokens=2)
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    for method in ("ngram", "mtp", "eagle3"):
+        problems = config_conflicts(fake(speculative_config=NS(method=method, num_speculative_tokens=2)))
+        assert len(problems) == 1 and f"speculative method {method!r}" in problems[0]
+        assert "lighter_mamba_speculative" in problems[0]
+        opted_in = fake(speculative_config=NS(method=method, num_speculative_tokens=2),
+                        additional_config={"lighter_mamba_speculative": "experimental"})
+        assert config_conflicts(opted_in) == []
+    long_step = config_conflicts(fake(speculative_config=NS(method="ngram", num_speculative_tokens=16)))
+    assert any("at most one block boundary" in p for p in long_step)
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
+    assert any("CPU backend" in p for p in config_conflicts(fake(speculative_config=ngram)))

@@ -17,7 +17,7 @@ import triton.language as tl
 
 # Columns of the state-tensor table, in this order (the kernel reads them by position).
 FIELDS = ("base_address", "block_stride_words", "words_per_block", "block_table_address",
-          "block_table_row_stride", "block_size", "max_blocks")
+          "block_table_row_stride", "block_size", "max_blocks", "token_row_words")
 NUM_FIELDS = len(FIELDS)
 _COPY_BLOCK = 1024
 
@@ -51,6 +51,68 @@ def _copy_states_kernel(
         tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=mask), mask=mask)
 
 
+@triton.jit
+def _copy_token_state(row, base, stride, num_words, token_row_words, max_blocks,
+                      running, token, dst_pos, active, COPY_BLOCK: tl.constexpr):
+    """Copy the state of the step's token ``token`` into position ``dst_pos``: a temporal
+    tensor (``token_row_words == 0``) from position ``running + token``, a conv tensor from
+    position ``running`` skipping ``token`` rows. Source and destination may be the same
+    block (an in-place shift towards the block start): each chunk is loaded by every thread
+    before any thread stores it, and chunks go in increasing order, so no word is
+    overwritten before it is read."""
+    is_conv = token_row_words > 0
+    src_pos = tl.where(is_conv, running, running + token)
+    skip = tl.where(is_conv, token * token_row_words, 0)
+    active = active & (src_pos < max_blocks) & (dst_pos < max_blocks) & (dst_pos >= 0)
+    src = tl.load(row + src_pos, mask=active, other=0).to(tl.int64)
+    dst = tl.load(row + dst_pos, mask=active, other=0).to(tl.int64)
+    count = tl.where(active, num_words - skip, 0)
+    src_ptr = base + src * stride + skip
+    dst_ptr = base + dst * stride
+    for start in range(0, count, COPY_BLOCK):
+        offsets = start + tl.arange(0, COPY_BLOCK)
+        mask = offsets < count
+        values = tl.load(src_ptr + offsets, mask=mask)
+        tl.debug_barrier()
+        tl.store(dst_ptr + offsets, values, mask=mask)
+        tl.debug_barrier()
+
+
+@triton.jit(do_not_specialize=["num_reqs"])
+def _settle_kernel(
+    entries_ptr, seq_lens_ptr, query_lens_ptr, accepted_ptr, drafts_ptr, num_reqs,
+    WORD: tl.constexpr, NUM_FIELDS_C: tl.constexpr, COPY_BLOCK: tl.constexpr,
+):
+    """``spec_settle.settle_moves`` for every spec-decode row (``drafts >= 0``)."""
+    r = tl.program_id(0)
+    entry = entries_ptr + tl.program_id(1) * NUM_FIELDS_C
+    seq_len = tl.load(seq_lens_ptr + r).to(tl.int64)
+    query_len = tl.load(query_lens_ptr + r).to(tl.int64)
+    spec = (tl.load(drafts_ptr + r) >= 0) & (seq_len > 0) & (query_len > 0)
+    accepted = tl.minimum(tl.maximum(tl.load(accepted_ptr + r).to(tl.int64), 1), query_len)
+    block_size = tl.load(entry + 5)
+    max_blocks = tl.load(entry + 6)
+    computed = seq_len - query_len
+    running = tl.where(seq_len > 0, (seq_len - 1) // block_size, 0)
+    end = computed + accepted
+    boundary = (computed // block_size + 1) * block_size
+    row = tl.load(entry + 3).to(tl.pointer_type(tl.int32)) + r * tl.load(entry + 4)
+    base = tl.load(entry + 0).to(tl.pointer_type(WORD))
+    stride = tl.load(entry + 1)
+    num_words = tl.load(entry + 2)
+    token_row_words = tl.load(entry + 7)
+    # 1. The boundary crossed strictly inside the accepted tokens, into its own block.
+    _copy_token_state(row, base, stride, num_words, token_row_words, max_blocks, running,
+                      boundary - computed - 1, boundary // block_size - 1,
+                      spec & (boundary < end), COPY_BLOCK)
+    tl.debug_barrier()
+    # 2. The state after the last accepted token, to its running position, token row 0.
+    last = accepted - 1
+    dst = (end - 1) // block_size
+    _copy_token_state(row, base, stride, num_words, token_row_words, max_blocks, running,
+                      last, dst, spec & ((dst != running) | (last != 0)), COPY_BLOCK)
+
+
 def word_dtype(byte_values: list[int]) -> torch.dtype:
     """The widest word that divides every address, stride and size of the table."""
     for dtype, size in ((torch.int32, 4), (torch.int16, 2)):
@@ -71,5 +133,25 @@ def copy_states_triton(
         return
     _copy_states_kernel[(num_reqs, entries.shape[0])](
         entries, seq_lens, query_lens, num_reqs,
+        WORD=_TL_WORDS[word], NUM_FIELDS_C=NUM_FIELDS, COPY_BLOCK=_COPY_BLOCK,
+    )
+
+
+def settle_states_triton(
+    entries: torch.Tensor,
+    word: torch.dtype,
+    seq_lens: torch.Tensor,
+    query_lens: torch.Tensor,
+    accepted: torch.Tensor,
+    drafts: torch.Tensor,
+) -> None:
+    """After sampling: put every spec-decode row's accepted states where the lighter layout
+    reads them (``spec_settle``). ``accepted``: tokens accepted per row (vLLM's
+    ``num_accepted_tokens``); ``drafts``: draft tokens per row, ``-1`` for other rows."""
+    num_reqs = seq_lens.shape[0]
+    if num_reqs == 0 or entries.shape[0] == 0:
+        return
+    _settle_kernel[(num_reqs, entries.shape[0])](
+        entries, seq_lens, query_lens, accepted, drafts, num_reqs,
         WORD=_TL_WORDS[word], NUM_FIELDS_C=NUM_FIELDS, COPY_BLOCK=_COPY_BLOCK,
     )

@@ -96,12 +96,15 @@ Workers (per step)
     How: the imported name is rebound in each module; other specs go to upstream's.
     Upstream: dispatch on the spec in ``mamba_get_block_table_tensor``.
 
-``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs``
-and ``.initialize_kv_cache``
+``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs``,
+``._update_states_after_model_execute`` and ``.initialize_kv_cache``
     What: after inputs are prepared, copy each moving request's state into its new block
-    (one fused launch on the GPU); once the KV cache exists, build the copier and compile
-    the kernels.
-    Why: a state exists in one block; the next chunk continues from a different block.
+    (one fused launch on the GPU); after sampling in a step with draft tokens, copy the
+    boundary state and the last accepted state to their positions (one launch, planned on
+    the device from vLLM's accepted counts); once the KV cache exists, build the copier and
+    compile the kernels.
+    Why: a state exists in one block; the next chunk continues from a different block, and
+    speculative decoding leaves one state per draft token in the step's columns.
     How: wrapped (the CPU runner subclasses the GPU runner and inherits both).
     Upstream: a pre-forward hook for KV-cache managers' worker-side work.
 """

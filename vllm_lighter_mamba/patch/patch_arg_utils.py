@@ -56,6 +56,12 @@ def _create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
             VARIABLE,
             config.model_config.architecture,
         )
+        if config.speculative_config is not None:
+            logger.warning(
+                "speculative decoding (%s) with the lighter Mamba cache is experimental: its "
+                "outputs are not yet shown equal to prefix caching off on a GPU",
+                config.speculative_config.method,
+            )
     return config
 
 

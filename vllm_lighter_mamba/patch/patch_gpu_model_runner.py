@@ -1,5 +1,8 @@
-"""vllm.v1.worker.gpu_model_runner: the per-step state copy (GPU and CPU runners), and the
-state-index kernels compiled once the KV cache is set up (not in the first requests)."""
+"""vllm.v1.worker.gpu_model_runner: the per-step state copy (GPU and CPU runners), the
+accepted states of speculative decoding put in place after sampling, and the state-index
+kernels compiled once the KV cache is set up (not in the first requests).
+(What / Why / How: ``patch/__init__.py``.)
+"""
 
 from __future__ import annotations
 
@@ -27,6 +30,18 @@ def _wrap_prepare_inputs(prepare_inputs: Any) -> Any:
     return _prepare_inputs
 
 
+def _wrap_update_states_after_model_execute(update: Any) -> Any:
+    @functools.wraps(update)
+    def _update_states_after_model_execute(self: Any, output_token_ids: Any, scheduler_output: Any):
+        result = update(self, output_token_ids, scheduler_output)
+        copier = self.__dict__.get(COPIER)
+        if copier is not None and copier.num_spec and scheduler_output.scheduled_spec_decode_tokens:
+            copier.settle(self, output_token_ids.size(0))
+        return result
+
+    return _update_states_after_model_execute
+
+
 def _wrap_initialize_kv_cache(initialize_kv_cache: Any) -> Any:
     @functools.wraps(initialize_kv_cache)
     def initialize_kv_cache_and_copier(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
@@ -45,6 +60,11 @@ def _wrap_initialize_kv_cache(initialize_kv_cache: Any) -> Any:
 def apply() -> None:
     runner = upstream.GPUModelRunner
     replace_attr(runner, "_prepare_inputs", _wrap_prepare_inputs(original(runner, "_prepare_inputs")))
+    replace_attr(
+        runner,
+        "_update_states_after_model_execute",
+        _wrap_update_states_after_model_execute(original(runner, "_update_states_after_model_execute")),
+    )
     replace_attr(
         runner, "initialize_kv_cache", _wrap_initialize_kv_cache(original(runner, "initialize_kv_cache"))
     )

@@ -11,6 +11,10 @@ runner when the KV cache exists and runs after ``_prepare_inputs`` every step:
   nothing to the device.
 - CPU: the same plan with numba from the same (CPU) buffers, then one indexed copy per
   state tensor, only on steps where some request moves.
+
+With speculative decoding every row reads column 0, and after sampling
+:meth:`MambaStateCopier.settle` puts the accepted states where the next step reads them
+(``ops/spec_settle.py``; one Triton launch on the GPU, tensor copies on the CPU).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_lighter_mamba.ops.spec_settle import SettleMove, settle_moves
 from vllm_lighter_mamba.ops.state_indices import mamba_state_indices
 from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
 
@@ -39,8 +44,9 @@ def any_moves(computed: np.ndarray, scheduled: np.ndarray, block_sizes: list[int
     """Whether some request's state block changes this step (the rule of the plan:
     ``c > 0`` and ``(c - 1) // block_size != (c + q - 1) // block_size``), from host counts.
 
-    The host counts are exact without speculative decoding (rejected at start-up): under
-    async spec decode vLLM's CPU counts are optimistic and only the device's are exact.
+    The host counts are exact without speculative decoding: under async spec decode vLLM's
+    CPU counts assume every draft accepted and only the device's are exact, so with
+    speculative blocks the copier does not ask.
     """
     started = computed > 0
     for block_size in block_sizes:
@@ -72,12 +78,21 @@ class MambaStateCopier:
         self._table_key: tuple[int, ...] | None = None
         self._entries: torch.Tensor | None = None
         self._word = torch.uint8
+        self.num_spec = max((spec.num_speculative_blocks for _, spec, _ in self.groups), default=0)
+        self.conv_tensors = conv_state_tensors(runner, self.groups) if self.num_spec else frozenset()
 
     def copy(self, runner: Any, num_reqs: int, num_scheduled: np.ndarray | None = None) -> None:
         """``num_scheduled``: this step's scheduled tokens per request, on the host (the array
         ``_prepare_inputs`` received); with it, a step in which no request's state block
         changes (most decode steps) launches nothing."""
-        if self.on_gpu and num_scheduled is not None:
+        if self.num_spec:
+            # The builders pass num_accepted_tokens to the kernels as "read the initial state
+            # from column accepted - 1". The lighter layout keeps the running state in
+            # column 0 (settle() put it there after the last step, this copy moves it with
+            # the running position), so every row reads column 0. A device fill: no wait.
+            runner.num_accepted_tokens.gpu.fill_(1)
+        if self.on_gpu and num_scheduled is not None and not self.num_spec:
+            # (Under async spec decode the host's counts assume every draft accepted.)
             computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs]
             if not any_moves(computed, num_scheduled[:num_reqs], self.block_sizes):
                 return
@@ -103,29 +118,98 @@ class MambaStateCopier:
                 pairs = zip(src.tolist(), dst.tolist(), strict=True)
                 self.recent_moves.extend((group_id, s, d) for s, d in pairs)
 
+    def settle(self, runner: Any, num_reqs: int) -> None:
+        """After sampling in a step with draft tokens: every spec-decode row's boundary state
+        and last accepted state to their positions (``ops/spec_settle.py``), planned on the
+        device from vLLM's accepted counts (GPU: one launch, no host sync; CPU: tensor
+        copies per move)."""
+        block_tables = runner.input_batch.block_table
+        tables = [block_tables[g].get_device_tensor(num_reqs) for g, _, _ in self.groups]
+        if not self.on_gpu:  # (vLLM 0.26's CPU build runs GDN drafting only in tests: config.py)
+            counts = (runner.seq_lens, runner.num_scheduled_tokens.gpu, runner.num_accepted_tokens.gpu,
+                      runner.num_decode_draft_tokens.gpu)
+            seq_lens, query_lens, accepted, drafts = (c[:num_reqs].tolist() for c in counts)
+            spec_rows = [r for r in range(num_reqs) if drafts[r] >= 0]
+            for (_, spec, tensors), table in zip(self.groups, tables, strict=True):
+                for r in spec_rows:
+                    row = table[r].tolist()
+                    for move in settle_moves(seq_lens[r], query_lens[r], accepted[r], spec.block_size):
+                        apply_settle_move(tensors, self.conv_tensors, row, move)
+            return
+        from vllm_lighter_mamba.ops.state_copy_triton import settle_states_triton
+
+        settle_states_triton(
+            self._entries_for(tables),
+            self._word,
+            runner.seq_lens[:num_reqs],
+            runner.num_scheduled_tokens.gpu[:num_reqs],
+            runner.num_accepted_tokens.gpu[:num_reqs],
+            runner.num_decode_draft_tokens.gpu[:num_reqs],
+        )
+
     def warm_up(self, runner: Any) -> None:
-        """Compile the copy kernel at start-up (a zero-length request moves nothing)."""
+        """Compile the copy kernels at start-up (a zero-length request moves nothing)."""
         if self.on_gpu:
-            from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton
+            from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton, settle_states_triton
 
             block_tables = runner.input_batch.block_table
             tables = [block_tables[g].get_device_tensor(1) for g, _, _ in self.groups]
             zeros = torch.zeros(1, dtype=runner.seq_lens.dtype, device=runner.seq_lens.device)
             copy_states_triton(self._entries_for(tables), self._word, zeros, zeros)
+            if self.num_spec:
+                drafts = torch.full((1,), -1, dtype=torch.int32, device=zeros.device)
+                settle_states_triton(self._entries_for(tables), self._word, zeros, zeros, zeros, drafts)
 
     def _entries_for(self, tables: list[torch.Tensor]) -> torch.Tensor:
         """The persistent state-tensor table; rebuilt only if a block table was replaced."""
         key = tuple(table.data_ptr() for table in tables)
         if key != self._table_key or self._entries is None:
-            self._entries, self._word = state_tensor_table(self.groups, tables)
+            self._entries, self._word = state_tensor_table(self.groups, tables, self.conv_tensors)
             self._table_key = key
         return self._entries
 
 
+def apply_settle_move(
+    tensors: list[torch.Tensor], conv_tensors: frozenset[int], row: list[int], move: SettleMove
+) -> None:
+    """One settle move with tensor copies (the CPU path, and the tests' reference): the
+    temporal state from position ``running + token``, a conv window from ``running``
+    starting at token row ``token`` (dim 1 of a conv tensor is the token row)."""
+    dst = row[move.dst]
+    for tensor in tensors:
+        if id(tensor) in conv_tensors:
+            window = tensor[row[move.running], move.token :].clone()
+            tensor[dst, : window.shape[0]] = window
+        else:
+            tensor[dst] = tensor[row[move.running + move.token]].clone()
+
+
+def conv_state_tensors(
+    runner: Any, groups: list[tuple[int, LighterMambaSpec, list[torch.Tensor]]]
+) -> frozenset[int]:
+    """``id()`` of the conv-state tensors, by the model's own per-state copy rules (vLLM's
+    ``get_conv_copy_spec`` marks a state that speculative decoding shifts by token rows)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import get_conv_copy_spec
+
+    copy_funcs = runner.model.get_mamba_state_copy_func()
+    per_layer = len(copy_funcs)
+    conv = set()
+    for _, _, tensors in groups:
+        for index, tensor in enumerate(tensors):
+            if copy_funcs[index % per_layer] is get_conv_copy_spec:
+                conv.add(id(tensor))
+    return frozenset(conv)
+
+
 def state_tensor_table(
-    groups: list[tuple[int, LighterMambaSpec, list[torch.Tensor]]], tables: list[torch.Tensor]
+    groups: list[tuple[int, LighterMambaSpec, list[torch.Tensor]]],
+    tables: list[torch.Tensor],
+    conv_tensors: frozenset[int] = frozenset(),
 ) -> tuple[torch.Tensor, torch.dtype]:
-    """One row per state tensor (``state_copy_triton.FIELDS``), in the widest common word."""
+    """One row per state tensor (``state_copy_triton.FIELDS``), in the widest common word.
+
+    ``conv_tensors``: ``id()`` of the conv-state tensors, laid out ``(block, token row,
+    dim)``; speculative decoding moves them by token rows (``spec_settle``)."""
     from vllm_lighter_mamba.ops.state_copy_triton import word_dtype
 
     rows = []
@@ -134,12 +218,13 @@ def state_tensor_table(
         for tensor in tensors:
             assert tensor[0].is_contiguous(), "a state block must be contiguous"
             size = tensor.element_size()
-            rows.append(
+            token_row = tensor.stride(1) * size if id(tensor) in conv_tensors else 0
+            rows.append(  # FIELDS, in bytes where they count words
                 (tensor.data_ptr(), tensor.stride(0) * size, prod(tensor.shape[1:]) * size,
-                 table.data_ptr(), table.stride(0), spec.block_size, table.shape[1])
+                 table.data_ptr(), table.stride(0), spec.block_size, table.shape[1], token_row)
             )
-    word = word_dtype([value for row in rows for value in row[:3]])
+    word = word_dtype([value for row in rows for value in (*row[:3], row[7])])
     word_size = torch.tensor([], dtype=word).element_size()
-    table_rows = [(r[0], r[1] // word_size, r[2] // word_size, *r[3:]) for r in rows]
+    table_rows = [(r[0], r[1] // word_size, r[2] // word_size, *r[3:7], r[7] // word_size) for r in rows]
     device = tables[0].device
     return torch.tensor(table_rows, dtype=torch.int64, device=device), word
