@@ -71,10 +71,12 @@ class SimRequest:
 @dataclass(frozen=True)
 class Speculation:
     """Speculative decoding in a replay (synchronous scheduling): after every step each
-    decoding request gets ``num_tokens`` draft tokens, as vLLM's drafter proposes them, and
-    the next step accepts a random number of them (0 to all, uniform, from ``seed``), as
-    the rejection sampler decides. The mocked model samples the same tokens either way, so
-    outputs equal those of a replay without speculation."""
+    decoding request gets ``num_tokens`` draft tokens, as vLLM's drafter proposes them. How
+    many will be accepted is drawn when they are proposed (0 to all, uniform, from
+    ``seed``): that many drafts are the mocked model's own next tokens, the next one is not,
+    so the rejection sampler (greedy) accepts exactly those, and accepted drafts are the
+    tokens the request continues with, as in vLLM. Outputs equal a replay without
+    speculation."""
 
     num_tokens: int
     seed: int = 0
@@ -384,9 +386,12 @@ def make_request(req: SimRequest, block_size: int):
     )
 
 
+MOCK_VOCAB = 997  # the mocked model's tokens are 0 .. MOCK_VOCAB - 1
+
+
 def next_token(token_ids: Sequence[int]) -> int:
     """The mocked model: a deterministic function of the whole sequence so far."""
-    return (sum(token_ids[-8:]) * 31 + len(token_ids)) % 997
+    return (sum(token_ids[-8:]) * 31 + len(token_ids)) % MOCK_VOCAB
 
 
 def continuation(token_ids: Sequence[int], count: int) -> list[int]:
@@ -414,6 +419,7 @@ def replay(
     scheduler=None,
     on_finish: Callable[[object, int], Sequence[SimRequest]] | None = None,
     speculation: Speculation | None = None,
+    after_output: Sequence[Callable] = (),
     **scheduler_kwargs,
 ) -> SimResult:
     """Run ``requests`` to completion.
@@ -427,15 +433,16 @@ def replay(
     earlier replay to continue on its (warm) prefix cache. ``on_finish(request, step)`` (vLLM's
     ``Request``) may return new requests (``arrival_step`` absolute) when a request finishes.
     ``speculation``: draft tokens and random acceptance (see :class:`Speculation`; pass the
-    matching ``num_speculative_blocks`` for the Mamba groups).
+    matching ``num_speculative_blocks`` for the Mamba groups). ``after_output(scheduler,
+    output, requests)`` runs once a step's output is processed (accepted drafts known).
     """
     if speculation is not None and overlap:
         raise ValueError("speculation is replayed with synchronous scheduling only")
-    accept = None
+    draw = None
     if speculation is not None:
         import random
 
-        accept = functools.partial(random.Random(speculation.seed).randint, 0)
+        draw = functools.partial(random.Random(speculation.seed).randint, 0)
     if scheduler is None:
         if speculation is not None:
             scheduler_kwargs["num_spec_tokens"] = speculation.num_tokens
@@ -457,9 +464,11 @@ def replay(
     in_flight = None  # (output, scheduled tokens) of the step whose output is not processed
 
     def process(output, samples) -> None:
-        _process(scheduler, output, samples, live, accept)
+        _process(scheduler, output, samples, live)
+        for callback in after_output:
+            callback(scheduler, output, live)
         if speculation is not None:
-            _propose_drafts(scheduler, output, speculation.num_tokens)
+            _propose_drafts(scheduler, output, speculation.num_tokens, draw)
         if on_finish is None:
             return
         for rid in output.num_scheduled_tokens:
@@ -535,21 +544,36 @@ def replay(
     return result
 
 
-def _propose_drafts(scheduler, output, num_tokens: int) -> None:
+def _propose_drafts(scheduler, output, num_tokens: int, draw: Callable[[int], int]) -> None:
     """Draft tokens for the step's requests, as vLLM's engine core hands the drafter's to the
-    scheduler after each step (it drops those of requests still in prefill)."""
+    scheduler after each step (it drops those of requests still in prefill): the first
+    ``draw(num_tokens)`` are the mocked model's next tokens, the rest are not."""
     from vllm.v1.outputs import DraftTokenIds
 
     req_ids = [rid for rid in output.num_scheduled_tokens if rid in scheduler.requests]
-    scheduler.update_draft_token_ids(DraftTokenIds(req_ids, [[1] * num_tokens for _ in req_ids]))
+    drafts = []
+    for rid in req_ids:
+        good = draw(num_tokens)
+        tokens = continuation(scheduler.requests[rid].all_token_ids, num_tokens)
+        wrong = [(t + 1) % MOCK_VOCAB for t in tokens[good:]]  # never the model's token
+        drafts.append(tokens[:good] + wrong)
+    scheduler.update_draft_token_ids(DraftTokenIds(req_ids, drafts))
 
 
-def _process(
-    scheduler, output, samples: dict[str, bool], live: dict, accept: Callable[[int], int] | None = None
-) -> None:
+def _accepted(token_ids: Sequence[int], drafts: Sequence[int]) -> int:
+    """The drafts a greedy rejection sampler accepts: those equal to the model's tokens."""
+    accepted = 0
+    for draft, token in zip(drafts, continuation(token_ids, len(drafts)), strict=True):
+        if draft != token:
+            break
+        accepted += 1
+    return accepted
+
+
+def _process(scheduler, output, samples: dict[str, bool], live: dict) -> None:
     """The mocked model's output for one step: a token for every request that samples, a
     deterministic function of its tokens so far (so every mode samples the same); with draft
-    tokens scheduled, ``accept(num_drafts)`` of them are accepted and as many more sampled."""
+    tokens scheduled, the accepted ones and one more."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids = list(samples)
@@ -557,8 +581,8 @@ def _process(
     sampled = []
     for rid in req_ids:
         count = int(samples[rid])
-        if count and accept is not None and rid in drafts:
-            count += accept(len(drafts[rid]))
+        if count and rid in drafts:
+            count += _accepted(live[rid].all_token_ids, drafts[rid])
         sampled.append(continuation(live[rid].all_token_ids, count))
     runner_output = ModelRunnerOutput(
         req_ids=req_ids,

@@ -9,12 +9,21 @@ reader's computed tokens and the two token prefixes are equal. Token equality is
 in :meth:`ShadowWorker.verify`, once every token is known (under async overlap a step is
 scheduled before the previous step's token exists), so a wrong block, a premature free,
 a bad hit or a lost copy fails the replay.
+
+Speculative decoding (``num_spec > 0``; vLLM's rule: a row is a spec-decode row when its
+scheduled tokens are its drafts plus one) follows the runner and vLLM's kernels: the kernel
+reads column 0 (the runner passes one accepted token) and writes the state after the step's
+token ``t`` into column ``t``, drafts included; once the step's output is processed
+(``after_output``), the accepted states move as ``ops/spec_settle.py`` says, and then every
+block the manager has hashed must hold the state of exactly its boundary's token prefix.
+A state is then ``(request, length, drafts)``: its last ``len(drafts)`` tokens were drafts.
 """
 
 from __future__ import annotations
 
 import torch
 
+from vllm_lighter_mamba.ops.spec_settle import settle_moves
 from vllm_lighter_mamba.ops.state_indices import state_indices_torch
 
 
@@ -24,10 +33,14 @@ class ShadowWorker:
         self.block_size = block_size
         self.num_spec = num_spec
         self.tables: dict[str, list[int]] = {}
-        self.content: dict[int, tuple[str, int]] = {}
-        self.reads: list[tuple[str, int, tuple[str, int] | None, int]] = []
+        self.content: dict[int, tuple[str, int, tuple[int, ...]]] = {}
+        self.reads: list[tuple[str, int, tuple[str, int, tuple[int, ...]], int]] = []
         self.num_copies = 0
         self.step_index = 0
+        # This step's spec-decode rows: request -> (computed, scheduled, table row).
+        self.spec_rows: dict[str, tuple[int, int, list[int]]] = {}
+        self.num_settle_moves = 0
+        self.num_hashed_checked = 0
 
     def __call__(self, output, requests: dict) -> None:
         self.step(output, requests)
@@ -64,13 +77,13 @@ class ShadowWorker:
                 assert src != 0 and dst != 0, f"{rid}: copy touches the null block"
                 self.content[dst] = snapshot.get(src)
                 self.num_copies += 1
-        # Phase 2: each kernel reads its initial state and writes its final state.
+        # Phase 2: each kernel reads its initial state (column 0) and writes its states.
         written = set()
+        drafts_of = output.scheduled_spec_decode_tokens
+        self.spec_rows = {}
         for rid, computed, n, plan in plans:
             index = int(plan.state_indices[0, 0])
             assert index > 0, f"{rid}: state index {index} is the null block or missing"
-            assert index not in written, f"{rid}: block {index} is another request's state"
-            written.add(index)
             if computed > 0:
                 found = self.content.get(index)
                 assert found is not None and found[1] == computed, (
@@ -78,15 +91,56 @@ class ShadowWorker:
                     f"not the state after {computed} tokens"
                 )
                 self.reads.append((rid, computed, found, self.step_index))
-            self.content[index] = (rid, computed + n)
+            drafts = drafts_of.get(rid)
+            if drafts is None or n != len(drafts) + 1:
+                assert index not in written, f"{rid}: block {index} is another request's state"
+                written.add(index)
+                self.content[index] = (rid, computed + n, ())
+                continue
+            columns = [int(c) for c in plan.state_indices[0, :n]]
+            for t, column in enumerate(columns):
+                assert column > 0 and column not in written, f"{rid}: column {t} is block {column}"
+                written.add(column)
+                self.content[column] = (rid, computed + 1 + t, tuple(drafts[:t]))
+            self.spec_rows[rid] = (computed, n, list(self.tables[rid]))
         self.step_index += 1
+
+    def tokens(self, state: tuple[str, int, tuple[int, ...]], requests: dict) -> list[int]:
+        writer, length, drafts = state
+        return list(requests[writer].all_token_ids[: length - len(drafts)]) + list(drafts)
+
+    def after_output(self, scheduler, output, requests: dict) -> None:
+        """The step's output is processed: move the accepted states (``settle_moves``), then
+        check every hashed block of the step's requests against its boundary's prefix."""
+        for rid, (computed, n, table) in self.spec_rows.items():
+            accepted = requests[rid].num_computed_tokens - computed
+            assert 1 <= accepted <= n, (rid, computed, n, accepted)
+            for move in settle_moves(computed + n, n, accepted, self.block_size):
+                src, dst = table[move.running + move.token], table[move.dst]
+                assert src > 0 and dst > 0, f"{rid}: settle {move} touches the null block"
+                self.content[dst] = self.content.get(src)
+                self.num_settle_moves += 1
+        manager = scheduler.kv_cache_manager.coordinator.single_type_managers[self.group_id]
+        for rid in output.num_scheduled_tokens:
+            blocks = manager.req_to_blocks.get(rid, [])
+            for i, block in enumerate(blocks):
+                if block.is_null or block.block_hash is None:
+                    continue
+                boundary = (i + 1) * self.block_size
+                found = self.content.get(block.block_id)
+                assert found is not None and found[1] == boundary, (
+                    f"step {self.step_index - 1} {rid}: hashed block {block.block_id} at "
+                    f"position {i} holds {found}, not the state after {boundary} tokens"
+                )
+                mine = list(requests[rid].all_token_ids[:boundary])
+                assert self.tokens(found, requests) == mine, f"{rid}: hashed block {i} has another prefix"
+                self.num_hashed_checked += 1
 
     def verify(self, requests: dict) -> int:
         """Every read found the state of the reader's own token prefix; returns the reads."""
-        for reader, computed, (writer, _), step in self.reads:
-            mine = requests[reader].all_token_ids[:computed]
-            theirs = requests[writer].all_token_ids[:computed]
-            assert mine == theirs, f"step {step} {reader}: read the state of {writer}'s prefix"
+        for reader, computed, found, step in self.reads:
+            mine = list(requests[reader].all_token_ids[:computed])
+            assert mine == self.tokens(found, requests), f"step {step} {reader}: read the state of {found}"
         return len(self.reads)
 
 
@@ -100,7 +154,8 @@ def replay_with_shadow(requests, model_dir: str, **kwargs):
         num_spec=kwargs.get("num_speculative_blocks", 0),
     )
     observers = [*kwargs.pop("observers", ()), shadow]
-    result = replay("lighter", requests, model_dir, observers=observers, **kwargs)
+    after = [*kwargs.pop("after_output", ()), shadow.after_output]
+    result = replay("lighter", requests, model_dir, observers=observers, after_output=after, **kwargs)
     shadow.verify(result.requests)
     result.shadow = shadow
     return result

@@ -21,6 +21,7 @@ from vllm_lighter_mamba.bench.sim import SimRequest, Speculation, replay
 from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import LighterMambaManager, running_position
 
 from .invariants import check_all_returned, check_pool
+from .shadow import replay_with_shadow
 
 
 def layout(num_spec: int, block_size: int):
@@ -68,13 +69,16 @@ def test_random_acceptance_keeps_the_layout_and_the_outputs(qwen3_next_dir, seed
     speculation = Speculation(num_spec, seed=seed)
     plain = replay("lighter", reqs, qwen3_next_dir, max_steps=20_000, **kwargs)
     drafts: list[int] = []
-    ours = replay(
-        "lighter", reqs, qwen3_next_dir, max_steps=20_000, speculation=speculation,
+    ours = replay_with_shadow(
+        reqs, qwen3_next_dir, max_steps=20_000, speculation=speculation,
         num_speculative_blocks=num_spec, check=layout(num_spec, kwargs["block_size"]),
         observers=[lambda output, _: drafts.extend(map(len, output.scheduled_spec_decode_tokens.values()))],
         **kwargs,
     )
     check_all_returned(ours.scheduler)
+    # The worker's side, on the shadow: every state read was the reader's exact state, and
+    # every hashed block held its boundary's state once the step's accepted states moved.
+    assert ours.shadow.num_settle_moves > 0 and ours.shadow.num_hashed_checked > 0
     assert ours.outputs == plain.outputs
     align = replay(
         "align", reqs, qwen3_next_dir, max_steps=20_000, speculation=speculation,
