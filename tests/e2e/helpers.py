@@ -52,6 +52,11 @@ def run_mode(
             return json.load(f)
 
 
+def flat_requests(result: dict) -> list[dict]:
+    """A run's requests in order, all waves together."""
+    return [r for wave in result["waves"] for r in wave["requests"]]
+
+
 def shared_text(seed: int, length: int) -> str:
     """Deterministic text; the byte-level tokenizer makes one token per character."""
     # seed * 5 is distinct modulo 26 for seeds 0..25: different seeds share no prefix.

@@ -36,7 +36,14 @@ def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(**engine_kwargs(spec["mode"], spec["model"], spec.get("engine", {})))
-    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 16), ignore_eos=True)
+    # A seed gives every request its own random stream (synthetic draft acceptance draws
+    # from it), the same in every mode.
+    params = SamplingParams(
+        temperature=spec.get("temperature", 0.0),
+        max_tokens=spec.get("max_tokens", 16),
+        ignore_eos=True,
+        seed=spec.get("seed"),
+    )
     waves = []
     for prompts in spec["waves"]:
         start = time.perf_counter()
@@ -47,6 +54,7 @@ def run(spec: dict) -> dict:
                 "requests": [
                     {
                         "prompt_tokens": len(o.prompt_token_ids),
+                        "prompt_token_ids": list(o.prompt_token_ids),
                         "cached_tokens": o.num_cached_tokens or 0,
                         "token_ids": list(o.outputs[0].token_ids),
                     }
@@ -58,6 +66,9 @@ def run(spec: dict) -> dict:
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()} if spec.get("metrics") else {}
     return {
         "kv_cache_usage": metrics.get("vllm:kv_cache_usage_perc"),
+        "spec_decode": {
+            key: metrics.get(f"vllm:spec_decode_num_{key}_tokens") for key in ("draft", "accepted")
+        },
         "ranks": llm.collective_rpc(rank_state) if spec.get("ranks") else None,
         "mode": spec["mode"],
         "block_size": block_size,

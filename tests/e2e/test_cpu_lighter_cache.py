@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import CPU_ENGINE, run_mode, shared_text
+from .helpers import CPU_ENGINE, flat_requests, run_mode, shared_text
 
 pytestmark = pytest.mark.engine
 
@@ -29,12 +29,8 @@ def results(qwen3_next_dir):
     return {mode: run_mode(mode, qwen3_next_dir, WAVES, ENGINE) for mode in ("none", "align", "lighter")}
 
 
-def _requests(result):
-    return [r for wave in result["waves"] for r in wave["requests"]]
-
-
 def test_greedy_outputs_equal_prefix_caching_off(results):
-    off, lighter = _requests(results["none"]), _requests(results["lighter"])
+    off, lighter = flat_requests(results["none"]), flat_requests(results["lighter"])
     assert [r["token_ids"] for r in lighter] == [r["token_ids"] for r in off]
     assert all(len(r["token_ids"]) == 12 for r in lighter)
 
@@ -54,8 +50,8 @@ def test_same_step_siblings_compute_then_serve_followers(results):
 
 
 def test_baseline_align_agrees_with_off(results):
-    assert [r["token_ids"] for r in _requests(results["align"])] == [
-        r["token_ids"] for r in _requests(results["none"])
+    assert [r["token_ids"] for r in flat_requests(results["align"])] == [
+        r["token_ids"] for r in flat_requests(results["none"])
     ]
 
 
@@ -72,12 +68,12 @@ def test_second_wave_hits_the_cache(results):
 
 
 def test_prefix_caching_off_reports_no_hits(results):
-    assert all(r["cached_tokens"] == 0 for r in _requests(results["none"]))
+    assert all(r["cached_tokens"] == 0 for r in flat_requests(results["none"]))
 
 
 def test_cached_tokens_at_least_upstream_align(results):
-    ours = sum(r["cached_tokens"] for r in _requests(results["lighter"]))
-    align = sum(r["cached_tokens"] for r in _requests(results["align"]))
+    ours = sum(r["cached_tokens"] for r in flat_requests(results["lighter"]))
+    align = sum(r["cached_tokens"] for r in flat_requests(results["align"]))
     assert ours >= align
     assert ours > 0
 
@@ -85,6 +81,6 @@ def test_cached_tokens_at_least_upstream_align(results):
 def test_lighter_counters_equal_vllm_cached_tokens(results):
     """Issue 13: one hit per request, its tokens equal vLLM's own per-request cached tokens."""
     counters = results["lighter"]["lighter_counters"]
-    requests = _requests(results["lighter"])
+    requests = flat_requests(results["lighter"])
     assert counters["state_hit_tokens"] == sum(r["cached_tokens"] for r in requests) > 0
     assert counters["state_hits"] == sum(r["cached_tokens"] > 0 for r in requests)

@@ -13,7 +13,7 @@ from math import prod
 
 import pytest
 
-from .helpers import CPU_ENGINE, run_mode, shared_text
+from .helpers import CPU_ENGINE, flat_requests, run_mode, shared_text
 
 pytestmark = pytest.mark.engine
 
@@ -52,24 +52,20 @@ def runs(request):
                            "align": align}
 
 
-def requests(result: dict) -> list[dict]:
-    return [r for wave in result["waves"] for r in wave["requests"]]
-
-
 def test_greedy_outputs_equal_one_rank_without_prefix_caching(runs):
     _, results = runs
-    assert [r["token_ids"] for r in requests(results["lighter"])] == [
-        r["token_ids"] for r in requests(results["one_rank"])
+    assert [r["token_ids"] for r in flat_requests(results["lighter"])] == [
+        r["token_ids"] for r in flat_requests(results["one_rank"])
     ]
 
 
 def test_second_wave_hits_at_least_align_under_the_same_layout(runs):
     _, results = runs
-    ours, align = requests(results["lighter"])[1:], requests(results["align"])[1:]
+    ours, align = flat_requests(results["lighter"])[1:], flat_requests(results["align"])[1:]
     assert ours[0]["cached_tokens"] > 0
     assert all(o["cached_tokens"] >= a["cached_tokens"] for o, a in zip(ours, align, strict=True))
     counters = results["lighter"]["lighter_counters"]
-    assert counters["state_hit_tokens"] == sum(r["cached_tokens"] for r in requests(results["lighter"]))
+    assert counters["state_hit_tokens"] == sum(r["cached_tokens"] for r in flat_requests(results["lighter"]))
 
 
 def test_pool_is_back_to_its_initial_state(runs):

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from .helpers import run_mode, shared_text
+from .helpers import flat_requests, run_mode, shared_text
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -45,10 +45,6 @@ def engine_args(arch: str, eager: bool) -> dict:
     return args
 
 
-def requests(result: dict) -> list[dict]:
-    return [r for wave in result["waves"] for r in wave["requests"]]
-
-
 def record(arch: str, eager: bool, results: dict) -> None:
     path = os.environ.get("LIGHTER_MAMBA_GPU_E2E_JSON")
     if not path:
@@ -67,7 +63,7 @@ def test_gpu_model(arch, eager):
     model = tiny_model(arch)
     results = {mode: run_mode(mode, model, WAVES, engine_args(arch, eager), max_tokens=16) for mode in MODES}
     record(arch, eager, results)
-    off, align, lighter = (requests(results[m]) for m in MODES)
+    off, align, lighter = (flat_requests(results[m]) for m in MODES)
     # Hits: the second wave is served from the cache, at least as much as align serves.
     assert lighter[1]["cached_tokens"] > 0
     assert sum(r["cached_tokens"] for r in lighter) >= sum(r["cached_tokens"] for r in align)

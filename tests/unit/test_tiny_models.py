@@ -14,6 +14,7 @@ from vllm_lighter_mamba.bench.tiny_models import ARCHS, build_tiny_model, build_
 VLLM_ARCH = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "qwen3_next_pp": "Qwen3NextForCausalLM",
+    "qwen3_next_mtp": "Qwen3NextForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "jamba": "JambaForCausalLM",
 }

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("qwen3_next", "qwen3_next_pp", "nemotron_h", "jamba")
+ARCHS = ("qwen3_next", "qwen3_next_pp", "qwen3_next_mtp", "nemotron_h", "jamba")
 # Not tiny: built on the GPU host for benchmark figures only.
 LARGE_ARCHS = ("qwen3_next_1b",)
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
@@ -75,6 +75,37 @@ def _qwen3_next_pp_config():
     """The tiny Qwen3-Next twice over (8 layers), an MoE layer in each half: each stage of a
     2-stage pipeline gets GDN, attention and MoE layers."""
     return _qwen3_next_config(num_layers=8, moe_layers=(3, 7))
+
+
+def _qwen3_next_mtp_config():
+    """The tiny Qwen3-Next with one multi-token-prediction layer (random ``mtp.*`` weights,
+    added after saving: transformers' Qwen3-Next has no MTP module), as vLLM's
+    ``qwen3_next_mtp`` speculative method loads it."""
+    config = _qwen3_next_config()
+    config.num_nextn_predict_layers = 1
+    return config
+
+
+def add_mtp_weights(out: Path, config, generator: torch.Generator) -> None:
+    """vLLM's MTP layer is a full-attention MoE decoder layer plus ``fc`` over the normed
+    embedding and hidden state: random copies of the last (full-attention, MoE) layer's
+    tensor names and shapes, zero (identity) norms as the model's own norms are stored."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    last = f"model.layers.{config.num_hidden_layers - 1}."
+    hidden = config.hidden_size
+    for name, tensor in list(tensors.items()):
+        if name.startswith(last):
+            mtp = "mtp.layers.0." + name[len(last):]
+            random = torch.randn(tensor.shape, generator=generator) * 0.05
+            tensors[mtp] = torch.zeros_like(tensor) if tensor.dim() == 1 else random.to(tensor.dtype)
+    fc = torch.randn(hidden, 2 * hidden, generator=generator) * 0.05
+    tensors["mtp.fc.weight"] = fc.to(torch.bfloat16)
+    for norm in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
+        tensors[f"mtp.{norm}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _nemotron_h_config():
@@ -136,6 +167,7 @@ def _qwen3_next_1b_config():
 CONFIGS = {
     "qwen3_next": _qwen3_next_config,
     "qwen3_next_pp": _qwen3_next_pp_config,
+    "qwen3_next_mtp": _qwen3_next_mtp_config,
     "qwen3_next_1b": _qwen3_next_1b_config,
     "nemotron_h": _nemotron_h_config,
     "jamba": _jamba_config,
@@ -164,14 +196,23 @@ def build_tokenizer():
 
 def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, device: str = "cpu") -> Path:
     """Write a random-weight model and its tokenizer to ``out_dir``."""
-    from transformers import AutoModelForCausalLM
-
     if arch not in CONFIGS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS + LARGE_ARCHS)}")
+    config = CONFIGS[arch]()
+    out = save_random_model(config, out_dir, seed, device)
+    if getattr(config, "num_nextn_predict_layers", 0):
+        add_mtp_weights(out, config, torch.Generator().manual_seed(seed + 1))
+    return out
+
+
+def save_random_model(config, out_dir: str | Path, seed: int = 0, device: str = "cpu") -> Path:
+    """Any transformers config as a random-weight bf16 safetensors model with the byte-level
+    tokenizer; the lm_head scaled up for peaky logits."""
+    from transformers import AutoModelForCausalLM
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config = CONFIGS[arch]()
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():

@@ -1,0 +1,63 @@
+"""A drafter for end-to-end tests of speculative decoding that makes greedy outputs testable.
+
+vLLM loads it as a custom proposer (``speculative_config={"method": "custom_class", "model":
+"tests.e2e.oracle_proposer.OracleProposer", ...}``). It drafts each request's reference
+continuation (the outputs of a run without drafting, from the JSON file named by
+``LIGHTER_MAMBA_ORACLE_DRAFTS``: ``[[prompt_token_ids, output_token_ids], ...]``), the drafts
+from a cut onwards replaced by other tokens; the cut is a function of the context length, so
+steps accept 0 to all drafts. Greedy rejection sampling accepts a draft only if it is the target
+model's own choice, so when the model agrees with its reference run the outputs equal the
+reference exactly, with many drafts accepted; a wrong state shows as a different token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+ORACLE_FILE = "LIGHTER_MAMBA_ORACLE_DRAFTS"
+
+
+def oracle_drafts(context: list[int], references: list[tuple[list[int], list[int]]], k: int) -> list[int]:
+    """The next ``k`` reference tokens after ``context`` with those from the cut on replaced.
+
+    Every decode step gets ``k`` drafts, also once a request has left its reference (filler,
+    rejected): a request then never switches between spec-decode and plain decode rows, which
+    vLLM 0.26's caching-off path does not survive (after a step that accepted drafts, a plain
+    decode row reads the state of the step's first token)."""
+    for prompt, output in references:
+        if len(context) <= len(prompt) or context[: len(prompt)] != prompt:
+            continue
+        done = context[len(prompt) :]
+        if output[: len(done)] != done:
+            return [0] * k
+        # Always k drafts (past the reference's end, filler that is rejected): vLLM 0.26's CPU
+        # spec path cannot shrink a row below the previous step's accepted count.
+        upcoming = output[len(done) : len(done) + k]
+        upcoming += [0] * (k - len(upcoming))
+        # A well-mixed function of the length (a step that accepts all k + 1 tokens must not
+        # land on the same cut again).
+        cut = (len(context) * 2654435761 >> 11) % (k + 1)
+        return upcoming[:cut] + [(token + 1) % 256 for token in upcoming[cut:]]
+    return [0] * k
+
+
+class OracleProposer:
+    def __init__(self, vllm_config: Any) -> None:
+        self.k = vllm_config.speculative_config.num_speculative_tokens
+        with open(os.environ[ORACLE_FILE]) as f:
+            self.references = [(list(p), list(o)) for p, o in json.load(f)]
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No model: vLLM's runners call this on every drafter."""
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        drafts = []
+        for i, sampled in enumerate(sampled_token_ids):
+            if not len(sampled):
+                drafts.append([])
+                continue
+            context = token_ids_cpu[i, : int(num_tokens_no_spec[i])].tolist()
+            drafts.append(oracle_drafts(context, self.references, self.k))
+        return drafts
