@@ -1,5 +1,5 @@
-"""Speculative decoding through vLLM's own GDN kernels and the lighter layout: a request
-decodes in spec-decode steps (1 + k tokens, a random number accepted, rejected drafts fed
+"""Speculative decoding through vLLM's own GDN and Mamba2 kernels and the lighter layout: a
+request decodes in spec-decode steps (1 + k tokens, a random number accepted, rejected drafts fed
 as different inputs) with every rule the runner applies: the gather's columns, the copy
 before the forward, one accepted token passed to the kernels, and the settle after sampling.
 After every step the state after the accepted tokens sits at its running position, and
@@ -22,12 +22,13 @@ from vllm_lighter_mamba.v1.worker.mamba_state_copy import state_tensor_table
 from .conftest import device, requires_triton
 
 HEADS, DIM_K, DIM_V, CONV_DIM, WIDTH = 2, 16, 16, 8, 4
+HEAD_DIM, GROUPS, D_STATE = 8, 1, 16  # Mamba2
 
 
-def vllm_kernels():
-    """vLLM's GDN kernel modules bound to the real Triton. Without a GPU vLLM swaps Triton
+def vllm_module(name: str):
+    """One of vLLM's kernel modules bound to the real Triton. Without a GPU vLLM swaps Triton
     for placeholders at import (``vllm.triton_utils``); under TRITON_INTERPRET=1 the real one
-    runs on the CPU, so the modules are (re)loaded against it."""
+    runs on the CPU, so the module is (re)loaded against it."""
     import importlib
 
     import triton
@@ -39,24 +40,49 @@ def vllm_kernels():
 
         triton_utils.triton, triton_utils.tl, triton_utils.tldevice = triton, tl, tldevice
         triton_utils.HAS_TRITON = True
-    names = (
-        "vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating",
-        "vllm.model_executor.layers.mamba.ops.causal_conv1d",
-    )
-    modules = [importlib.import_module(name) for name in names]
-    if any(module.triton is not triton for module in modules):
-        modules = [importlib.reload(module) for module in modules]
-    return modules[0].fused_sigmoid_gating_delta_rule_update, modules[1].causal_conv1d_update
+    module = importlib.import_module(name)
+    return module if module.triton is triton else importlib.reload(module)
 
 
 class Layer:
-    """One GDN layer's kernels on fixed random weights; inputs per token."""
+    """One layer's kernels on fixed random weights; inputs per token. The conv window is
+    vLLM's ``causal_conv1d_update`` for every model kind; the recurrent kernel is the
+    subclass's."""
+
+    ssm_shape: tuple[int, ...]
 
     def __init__(self, gen: torch.Generator, dev: str) -> None:
         self.dev = dev
+        self.conv_weight = (torch.randn(CONV_DIM, WIDTH, generator=gen) * 0.5).to(dev)
+
+    def inputs(self, gen: torch.Generator, num: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(num, CONV_DIM, generator=gen)}
+
+    def recurrent(self, ssm, tokens: dict, indices: torch.Tensor, accepted: torch.Tensor | None) -> None:
+        raise NotImplementedError
+
+    def conv(self, conv_sd, tokens: dict, column0: torch.Tensor, accepted, max_query_len: int) -> None:
+        module = vllm_module("vllm.model_executor.layers.mamba.ops.causal_conv1d")
+        n = tokens["x"].shape[0]
+        d = self.dev
+        module.causal_conv1d_update(
+            tokens["x"].to(d), conv_sd.transpose(-1, -2), self.conv_weight, None, "silu",
+            conv_state_indices=column0.to(d), num_accepted_tokens=accepted,
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=d),
+            max_query_len=max_query_len,
+        )
+
+
+class GDNLayer(Layer):
+    """Qwen3-Next's GatedDeltaNet: ``fused_sigmoid_gating_delta_rule_update`` (what vLLM's
+    GDN layer runs for spec-decode rows)."""
+
+    ssm_shape = (HEADS, DIM_V, DIM_K)
+
+    def __init__(self, gen: torch.Generator, dev: str) -> None:
         self.A_log = torch.randn(HEADS, generator=gen).to(dev)
         self.dt_bias = torch.randn(HEADS, generator=gen).to(dev)
-        self.conv_weight = (torch.randn(CONV_DIM, WIDTH, generator=gen) * 0.5).to(dev)
+        super().__init__(gen, dev)
 
     def inputs(self, gen: torch.Generator, num: int) -> dict[str, torch.Tensor]:
         return {
@@ -65,14 +91,14 @@ class Layer:
             "v": torch.randn(num, HEADS, DIM_V, generator=gen),
             "a": torch.randn(num, HEADS, generator=gen),
             "b": torch.randn(num, HEADS, generator=gen),
-            "x": torch.randn(num, CONV_DIM, generator=gen),
+            **super().inputs(gen, num),
         }
 
     def recurrent(self, ssm, tokens: dict, indices: torch.Tensor, accepted: torch.Tensor | None) -> None:
-        fused_sigmoid_gating_delta_rule_update = vllm_kernels()[0]
+        module = vllm_module("vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating")
         n = tokens["q"].shape[0]
         d = self.dev
-        fused_sigmoid_gating_delta_rule_update(
+        module.fused_sigmoid_gating_delta_rule_update(
             A_log=self.A_log, a=tokens["a"].to(d), b=tokens["b"].to(d), dt_bias=self.dt_bias,
             q=tokens["q"].unsqueeze(0).to(d), k=tokens["k"].unsqueeze(0).to(d),
             v=tokens["v"].unsqueeze(0).to(d), initial_state=ssm, inplace_final_state=True,
@@ -81,51 +107,83 @@ class Layer:
             use_qk_l2norm_in_kernel=True,
         )
 
-    def conv(self, conv_sd, tokens: dict, column0: torch.Tensor, accepted, max_query_len: int) -> None:
-        causal_conv1d_update = vllm_kernels()[1]
-        n = tokens["x"].shape[0]
+
+class Mamba2Layer(Layer):
+    """Mamba2 (NemotronH, whose ``nemotron_h_mtp`` vLLM 0.26 serves): ``selective_state_update``
+    with the per-head tied dt/A that ``MambaMixer2`` passes for decode rows."""
+
+    ssm_shape = (HEADS, HEAD_DIM, D_STATE)
+
+    def __init__(self, gen: torch.Generator, dev: str) -> None:
+        self.A = (-torch.rand(HEADS, generator=gen) - 0.5).to(dev)
+        self.D = torch.randn(HEADS, generator=gen).to(dev)
+        self.dt_bias = torch.randn(HEADS, generator=gen).to(dev)
+        super().__init__(gen, dev)
+
+    def inputs(self, gen: torch.Generator, num: int) -> dict[str, torch.Tensor]:
+        return {
+            "u": torch.randn(num, HEADS, HEAD_DIM, generator=gen),
+            "dt": torch.randn(num, HEADS, generator=gen),
+            "B": torch.randn(num, GROUPS, D_STATE, generator=gen),
+            "C": torch.randn(num, GROUPS, D_STATE, generator=gen),
+            **super().inputs(gen, num),
+        }
+
+    def recurrent(self, ssm, tokens: dict, indices: torch.Tensor, accepted: torch.Tensor | None) -> None:
+        module = vllm_module("vllm.model_executor.layers.mamba.ops.mamba_ssm")
+        n = tokens["u"].shape[0]
         d = self.dev
-        causal_conv1d_update(
-            tokens["x"].to(d), conv_sd.transpose(-1, -2), self.conv_weight, None, "silu",
-            conv_state_indices=column0.to(d), num_accepted_tokens=accepted,
-            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=d),
-            max_query_len=max_query_len,
+        u = tokens["u"].to(d)
+        spec = {} if accepted is None else {
+            "num_accepted_tokens": accepted,
+            "cu_seqlens": torch.tensor([0, n], dtype=torch.int32, device=d),
+        }
+        module.selective_state_update(
+            ssm, u, tokens["dt"].to(d)[:, :, None].expand(-1, -1, HEAD_DIM),
+            self.A[:, None, None].expand(-1, HEAD_DIM, D_STATE), tokens["B"].to(d), tokens["C"].to(d),
+            self.D[:, None].expand(-1, HEAD_DIM), self.dt_bias[:, None].expand(-1, HEAD_DIM),
+            dt_softplus=True, state_batch_indices=indices.to(d), dst_state_batch_indices=indices.to(d),
+            out=torch.empty_like(u), **spec,
         )
+
+
+LAYERS = {"gdn": GDNLayer, "mamba2": Mamba2Layer}
 
 
 def reference_states(layer: Layer, tokens: dict, num_blocks: int, num_spec: int, dev: str):
     """The SSM state after each prefix, the kernel run one token at a time (non-spec)."""
-    ssm = torch.zeros(num_blocks, HEADS, DIM_V, DIM_K, device=dev)
+    ssm = torch.zeros(num_blocks, *layer.ssm_shape, device=dev)
     states = [ssm[1].clone()]
     one = torch.tensor([1], dtype=torch.int32)
-    for i in range(tokens["q"].shape[0]):
+    for i in range(tokens["x"].shape[0]):
         layer.recurrent(ssm, {key: value[i : i + 1] for key, value in tokens.items()}, one, None)
         states.append(ssm[1].clone())
     return states
 
 
 @requires_triton
+@pytest.mark.parametrize("kind", sorted(LAYERS))
 @pytest.mark.parametrize("num_spec", [1, 2, 3])
-def test_spec_steps_keep_exact_running_and_boundary_states(num_spec):
+def test_spec_steps_keep_exact_running_and_boundary_states(kind, num_spec):
     dev = device()
     gen = torch.Generator().manual_seed(num_spec)
     rng = random.Random(num_spec)
     block_size, max_blocks = 4, 24
     prompt, total = 5, 60
-    layer = Layer(gen, dev)
+    layer = LAYERS[kind](gen, dev)
     real = layer.inputs(gen, total + 8)
     ref_ssm = reference_states(layer, real, 4, num_spec, dev)
     # The request's block table: every position its own block (block 0 is vLLM's null block).
     table = torch.arange(1, max_blocks + 1, dtype=torch.int32).reshape(1, max_blocks)
     num_blocks = max_blocks + 1
-    ssm = torch.zeros(num_blocks, HEADS, DIM_V, DIM_K, device=dev)
+    ssm = torch.zeros(num_blocks, *layer.ssm_shape, device=dev)
     conv_sd = torch.zeros(num_blocks, WIDTH - 1 + num_spec, CONV_DIM, device=dev)
     spec = type("Spec", (), {"block_size": block_size, "num_speculative_blocks": num_spec})()
     entries, word = state_tensor_table([(1, spec, [conv_sd, ssm])], [table.to(dev)], frozenset({id(conv_sd)}))
     one = torch.ones(1, dtype=torch.int32, device=dev)
 
     def step(computed: int, tokens: dict, spec_row: bool):
-        n = tokens["q"].shape[0]
+        n = tokens["x"].shape[0]
         seq, query = torch.tensor([computed + n]), torch.tensor([n])
         plan = state_indices_torch(table.long(), seq, block_size, num_spec, query)
         if int(plan.copy_src[0]) >= 0:  # the runner's copy before the forward
