@@ -64,6 +64,9 @@ def benchmark_parser() -> argparse.ArgumentParser:
     add("--sim-mamba-groups", type=int, default=None,
         help="--simulate: Mamba KV-cache groups, i.e. pages per cached state (default: as vLLM groups "
         "the model's layers, e.g. 3 for Qwen3-Next-80B; 1 if it cannot tell)")
+    add("--sim-speculative-tokens", type=int, default=0,
+        help="--simulate: draft tokens per decode step, a random number of them accepted (the "
+        "replay's speculative decoding; synchronous scheduling)")
     add("--results-dir", help="engine mode: keep each mode's raw results in DIR/<mode>.json and "
         "reuse them instead of re-running that mode (long engine starts)")
     add("--show-requests", action="store_true",
@@ -227,10 +230,13 @@ def pool_sizes(args) -> list[int]:
 
 def simulate(args, modes: list[str]) -> list[dict]:
     from vllm_lighter_mamba.bench.runners import run_simulated
-    from vllm_lighter_mamba.bench.sim import model_mamba_groups
+    from vllm_lighter_mamba.bench.sim import Speculation, model_mamba_groups
 
     block_size = args.sim_block_size or args.block_size or 256
     mamba_groups = args.sim_mamba_groups or model_mamba_groups(args.model)
+    drafts = args.sim_speculative_tokens
+    speculation = {"speculation": Speculation(drafts, seed=args.seed or 0),
+                   "num_speculative_blocks": drafts} if drafts else {}
     results = []
     for num_blocks in pool_sizes(args):
         for mode in modes:
@@ -246,6 +252,7 @@ def simulate(args, modes: list[str]) -> list[dict]:
                     max_num_batched_tokens=args.max_num_batched_tokens or 2048,
                     max_num_seqs=args.max_num_seqs or 256,
                     max_model_len=args.max_model_len or 8192,
+                    **speculation,
                 )
                 results.append(result.to_json())
     return results

@@ -53,7 +53,9 @@ Engine core
 ``patch_scheduler_config`` -> ``vllm.config.scheduler.SchedulerConfig.get_scheduler_cls``
     What: vLLM's scheduler class (sync, async or a user's) with
     ``LighterMambaSchedulerMixin`` in front; the mixin is inert unless active.
-    Why: block-aligned prefill chunks (``v1/core/sched``).
+    Why: block-aligned prefill chunks (``v1/core/sched``); with synchronous scheduling and
+    drafts, the blocks a step's accepted drafts completed hashed once its output is in (as
+    vLLM's async scheduler does), before the next schedule frees them.
     How: wrapped.
     Upstream: a chunk-policy hook in ``Scheduler`` (none in 0.26).
 

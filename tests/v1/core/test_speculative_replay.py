@@ -1,14 +1,16 @@
-"""Speculative decoding through vLLM's real scheduler and KV-cache manager (issue 14, the
-scheduler's half): every decoding request gets 1-3 draft tokens per step and a random number
-of them is accepted, so the running position jumps by 1 to 4 tokens, back over rejected ones,
-and across block boundaries inside a step.
+"""Speculative decoding through vLLM's real scheduler and KV-cache manager (issue 14): every
+decoding request gets 1-3 draft tokens per step and a random number of them is accepted, so
+the running position jumps by 1 to 4 tokens, back over rejected ones, and across block
+boundaries inside a step.
 
 What is checked on every step: the pool's reference counts, the lighter layout (the running
 state block and its speculative blocks allocated, few blocks resident), and at the end every
 block returned and the outputs equal to a replay without speculation (the mocked model samples
-the same tokens either way) and to align's under the same speculation. What the worker does
-with the speculative columns (the accepted-token state copy) is not modelled here: the lighter
-cache still rejects speculative decoding at start-up.
+the same tokens either way) and to align's under the same speculation. The shadow worker
+(``shadow.py``) applies the kernels' column rules and the runner's settle and checks every
+state read and every hashed block's contents. Multi-turn sessions check that the boundaries
+crossed inside accepted drafts are cached: a follow-up turn hits its previous turn's deepest
+boundary, as without drafting.
 """
 
 from __future__ import annotations
@@ -94,3 +96,57 @@ def test_speculation_is_replayed_synchronously_only(qwen3_next_dir):
     with pytest.raises(ValueError, match="synchronous"):
         replay("lighter", [SimRequest("a", [1, 2, 3], 2)], qwen3_next_dir, overlap=True,
                speculation=Speculation(2), async_scheduling=True)
+
+
+def sessions(seed: int, block_size: int):
+    """Three-turn sessions: a turn's prompt is the previous turn's prompt and output plus a few
+    new tokens, so a follow-up's hit is a boundary its previous turn crossed while decoding.
+    Returns the first turns, vLLM's ``on_finish`` hook, and the hit each follow-up can have:
+    the deepest boundary within both its prompt (less the token vLLM recomputes) and the
+    tokens its previous turn computed."""
+    rng = random.Random(seed)
+    bs = block_size
+    first = [
+        SimRequest(f"s{i}-0", [rng.randrange(1, 300) for _ in range(rng.randrange(bs, 4 * bs))],
+                   rng.randrange(bs, 4 * bs), arrival_step=i)
+        for i in range(4)
+    ]
+    deepest: dict[str, int] = {}
+
+    def on_finish(request, step: int) -> list[SimRequest]:
+        session, turn = request.request_id.rsplit("-", 1)
+        if int(turn) == 2:
+            return []
+        own = random.Random(f"{seed}-{request.request_id}")  # the same follow-up in every mode
+        tokens = [*request.prompt_token_ids, *request.output_token_ids]
+        prompt = tokens + [own.randrange(1, 300) for _ in range(own.randrange(1, 2 * bs))]
+        follow = SimRequest(
+            f"{session}-{int(turn) + 1}", prompt, own.randrange(bs, 4 * bs), arrival_step=step + 1
+        )
+        # (A last step's accepted drafts can run past the stop: computed may reach the end.)
+        computed = min(request.num_computed_tokens, len(tokens))
+        deepest[follow.request_id] = min(len(prompt) - 1, computed) // bs * bs
+        return [follow]
+
+    return first, on_finish, deepest
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_boundaries_crossed_inside_accepted_drafts_are_hit(qwen3_next_dir, seed):
+    """Every follow-up turn hits its previous turn's deepest boundary with drafting on (the
+    block of a boundary crossed inside a step's accepted drafts is kept, filled by the settle
+    and hashed once the step's output is in), each hit read by the shadow worker as exactly
+    its prefix's state; align under the same drafting hits no more."""
+    num_spec, bs = 1 + seed % 3, 8
+    kwargs = {"block_size": bs, "max_num_batched_tokens": 4 * bs, "max_num_seqs": 4, "num_blocks": 400,
+              "max_model_len": 4096, "num_speculative_blocks": num_spec, "max_steps": 20_000}
+    first, on_finish, deepest = sessions(seed, bs)
+    ours = replay_with_shadow(first, qwen3_next_dir, on_finish=on_finish,
+                              speculation=Speculation(num_spec, seed=seed), **kwargs)
+    check_all_returned(ours.scheduler)
+    assert len(deepest) == 8 and ours.shadow.num_settle_moves > 0
+    assert {rid: ours.cached_per_request[rid] for rid in deepest} == deepest
+    first, on_finish, _ = sessions(seed, bs)
+    align = replay("align", first, qwen3_next_dir, on_finish=on_finish,
+                   speculation=Speculation(num_spec, seed=seed), **kwargs)
+    assert all(ours.cached_per_request[rid] >= align.cached_per_request[rid] for rid in deepest)

@@ -14,6 +14,8 @@ then holds the exact boundary state, because the scheduler ends prefill chunks o
 boundaries and decode advances one token at a time. A block whose state was left mid-block
 and then crossed by a longer step would hold the wrong state for its boundary: it is taken
 out of its position before it can be hashed ("detached") and freed like a skipped block.
+A decode step with draft tokens is the exception: after sampling the worker copies the
+boundary state into that block (``ops/spec_settle.py``), so it stays and is hashed.
 
 The primary Mamba group's manager (the lowest group id: one state is one page per group)
 also tells the pool's retention bookkeeping (``block_pool_retention``) which states it
@@ -49,6 +51,18 @@ def new_positions(num_held: int, num_tokens: int, block_size: int, num_spec: int
     return range(max(first, num_held), first + 1 + num_spec)
 
 
+def worker_settles_step(
+    num_computed: int, num_tokens: int, num_output_placeholders: int, step_end: int
+) -> bool:
+    """Whether a step of a request that ends at ``step_end`` tokens is a decode step with
+    draft tokens: vLLM schedules drafts when the step runs past the request's known (and
+    in-flight) tokens, and the runner treats the row as spec decode when the step starts at
+    the last known token (1 + drafts tokens); the lighter runner then settles its accepted
+    states, the state of a boundary crossed included, into their blocks."""
+    known_end = num_tokens + num_output_placeholders
+    return num_computed == known_end - 1 and step_end > known_end
+
+
 @dataclass
 class RequestState:
     """What the manager keeps per request, beyond vLLM's own block list."""
@@ -61,6 +75,10 @@ class RequestState:
     scan_from: int = 0
     # Blocks taken out of their position but still read by an in-flight copy.
     detached: list[tuple[int, KVCacheBlock]] = field(default_factory=list)
+    # The previous running position when this step runs past it from a mid-block state:
+    # detached before hashing unless the worker settles the step (decided in cache_blocks,
+    # where vLLM passes the request, right after the allocation).
+    crossed_mid_block: int | None = None
     # vLLM's Request (set when its blocks are first cached): the retention policy reads its
     # tokens and prompt when the request lets go of its blocks.
     request: Any = None
@@ -80,6 +98,13 @@ class LighterMambaManager(MambaManager):
     # --- caching (vLLM's logic; counted for the metrics) ------------------------------
 
     def cache_blocks(self, request, num_tokens: int, retention_interval: int | None = None) -> None:
+        state = self.states.get(request.request_id)
+        if state is not None and state.crossed_mid_block is not None:
+            settled = bool(request.spec_token_ids) and worker_settles_step(
+                request.num_computed_tokens, request.num_tokens, request.num_output_placeholders,
+                state.last_end,
+            )
+            self._resolve_crossed_block(state, self.req_to_blocks[request.request_id], keep=settled)
         before = self.num_cached_block.get(request.request_id, 0)
         super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
         after = self.num_cached_block.get(request.request_id, 0)
@@ -175,7 +200,8 @@ class LighterMambaManager(MambaManager):
         blocks = self.req_to_blocks[request_id]
         num_held = len(blocks)
         if state is not None:
-            self._detach_inexact_source(state, blocks, first)
+            self._resolve_crossed_block(state, blocks, keep=False)  # not cached since: detach
+            state.crossed_mid_block = self._crossed_mid_block(state, blocks, first)
         # Read "last step's speculative blocks" before the running position moves on.
         reusable = self._reusable_spec_positions(request_id, blocks, first)
         if state is None:
@@ -200,23 +226,31 @@ class LighterMambaManager(MambaManager):
         # The worker's block table is append-only: it receives every appended entry.
         return blocks[num_held:]
 
-    def _detach_inexact_source(self, state: RequestState, blocks: list[KVCacheBlock], first: int) -> None:
-        """Keep a mid-block state from being cached as the state of its block's boundary.
+    def _crossed_mid_block(self, state: RequestState, blocks: list[KVCacheBlock], first: int) -> int | None:
+        """The previous running position if this step leaves it from a mid-block state.
 
-        The previous running block holds the state after the previous step's last token.
-        If that token was not its block's last one and this step runs past the block, the
-        block would be hashed as "state at the boundary" while holding an earlier state.
-        Prefill chunks are aligned and decode moves one token at a time, so this happens
-        only for multi-token steps after an unaligned prompt end (e.g. drafted tokens).
+        That block holds the state after the previous step's last token. If that token was
+        not its block's last one and this step runs past the block, the block would be
+        hashed as "state at the boundary" while holding an earlier state, unless the worker
+        copies the boundary state in (speculative decoding). Prefill chunks are aligned and
+        decode moves one token at a time, so this happens only for multi-token steps after
+        an unaligned end: drafted tokens, or EAGLE's shortened last cacheable chunk.
         """
         previous = state.running_pos
         if previous >= first or state.last_end % self.block_size == 0 or previous >= len(blocks):
+            return None
+        return None if blocks[previous].is_null else previous
+
+    def _resolve_crossed_block(self, state: RequestState, blocks: list[KVCacheBlock], keep: bool) -> None:
+        """Keep the crossed block in its position (the worker settles its boundary state), or
+        detach it: out of its position before it is hashed, freed once no copy reads it."""
+        position, state.crossed_mid_block = state.crossed_mid_block, None
+        if position is None or keep:
             return
-        block = blocks[previous]
-        if block.is_null:
-            return
-        blocks[previous] = self._null_block
-        state.detached.append((previous, block))
+        block = blocks[position]
+        if not block.is_null:
+            blocks[position] = self._null_block
+            state.detached.append((position, block))
 
     # --- freeing ----------------------------------------------------------------------
 

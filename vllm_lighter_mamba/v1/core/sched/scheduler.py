@@ -13,7 +13,8 @@ from functools import cache
 from typing import Any
 
 from vllm.logger import init_logger
-from vllm.v1.request import Request
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.request import Request, RequestStatus
 
 from vllm_lighter_mamba.config import is_active, retention_settings
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention
@@ -35,6 +36,8 @@ class LighterMambaSchedulerMixin:
         super().__init__(*args, **kwargs)
         self.lighter_mamba_active: bool = is_active(self.vllm_config) and bool(self.has_mamba_layers)
         self.lighter_counters: LighterMambaCounters | None = None
+        # vLLM's async scheduler already hashes after every output (cache_accepted_boundaries).
+        self.lighter_hash_after_output = self.lighter_mamba_active and not isinstance(self, AsyncScheduler)
         if self.lighter_mamba_active:
             self.need_mamba_block_aligned_split = True
             # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
@@ -87,6 +90,13 @@ class LighterMambaSchedulerMixin:
         except Exception:  # observability must never stop the engine
             logger.exception("lighter Mamba cache: counting admissions failed; counts may be low")
 
+    def _update_request_with_output(self, request: Request, new_token_ids: list[int]):
+        running = request.status == RequestStatus.RUNNING
+        result = super()._update_request_with_output(request, new_token_ids)
+        if self.lighter_hash_after_output and running:
+            cache_accepted_boundaries(self.kv_cache_manager, request, len(result[0]))
+        return result
+
     def _mamba_block_aligned_split(
         self,
         request: Request,
@@ -120,6 +130,20 @@ class LighterMambaSchedulerMixin:
         if owed is not None:
             request.lighter_mamba_stops = (*stops, owed)
         return num_tokens
+
+
+def cache_accepted_boundaries(kv_cache_manager: Any, request: Request, num_new_tokens: int) -> None:
+    """Hash the blocks a step's accepted drafts completed, once the step's output is in.
+
+    vLLM hashes a block when a step is scheduled, up to the request's known tokens, so a
+    boundary crossed inside accepted drafts is known only after the step. vLLM's async
+    scheduler hashes after every output; the synchronous one waits for the next schedule,
+    whose ``remove_skipped_blocks`` runs first and would free the lighter layout's block of
+    that boundary unhashed (and a request that finishes in that step never gets there).
+    ``num_new_tokens``: the tokens appended by this output (after a stop trimmed them). A
+    step that accepted drafts computed past the tokens known before it (even past a stop)."""
+    if request.num_computed_tokens > request.num_tokens - num_new_tokens:
+        kv_cache_manager.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
 
 
 def request_stops(request: Request, start: int, block_size: int, use_eagle: bool) -> tuple[int, ...]:
