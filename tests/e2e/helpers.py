@@ -61,3 +61,36 @@ def shared_text(seed: int, length: int) -> str:
     """Deterministic text; the byte-level tokenizer makes one token per character."""
     # seed * 5 is distinct modulo 26 for seeds 0..25: different seeds share no prefix.
     return "".join(chr(97 + (i * 7 + seed * 5 + (i // 5)) % 26) for i in range(length))
+
+
+# Two bf16 steps of a log-probability: a greedy pick this close can flip with the rounding of a
+# different (equally right) computation order. Measured: the CPU test's next turn left caching
+# off at a token whose top-2 log-probabilities were equal in caching off (0.0625 apart in ours).
+NEAR_TIE = 0.125
+
+
+def first_difference(ours: list[int], theirs: list[int]) -> int | None:
+    """The first position where two token lists differ (a length difference counts)."""
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if a != b:
+            return i
+    return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
+
+
+def parts_only_at_a_near_tie(ours: dict, theirs: dict) -> bool:
+    """Greedy outputs equal, or first different where ``theirs`` picked between two tokens
+    at most :data:`NEAR_TIE` apart (requests run with ``top2``)."""
+    first = first_difference(ours["token_ids"], theirs["token_ids"])
+    if first is None:
+        return True
+    best, second = theirs["top2"][first]
+    return best - second <= NEAR_TIE
+
+
+def top1_drift(ours: dict, theirs: dict) -> float:
+    """The largest difference of the picked token's log-probability while two greedy runs
+    agree (requests run with ``top2``): how far apart the states behind them are."""
+    first = first_difference(ours["token_ids"], theirs["token_ids"])
+    agreed = len(ours["token_ids"]) if first is None else first
+    pairs = zip(ours["top2"][:agreed], theirs["top2"][:agreed], strict=True)
+    return max((abs(a[0] - b[0]) for a, b in pairs), default=0.0)

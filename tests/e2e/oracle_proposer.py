@@ -26,21 +26,22 @@ def oracle_drafts(context: list[int], references: list[tuple[list[int], list[int
     rejected): a request then never switches between spec-decode and plain decode rows, which
     vLLM 0.26's caching-off path does not survive (after a step that accepted drafts, a plain
     decode row reads the state of the step's first token)."""
-    for prompt, output in references:
-        if len(context) <= len(prompt) or context[: len(prompt)] != prompt:
-            continue
-        done = context[len(prompt) :]
-        if output[: len(done)] != done:
-            return [0] * k
-        # Always k drafts (past the reference's end, filler that is rejected): vLLM 0.26's CPU
-        # spec path cannot shrink a row below the previous step's accepted count.
-        upcoming = output[len(done) : len(done) + k]
-        upcoming += [0] * (k - len(upcoming))
-        # A well-mixed function of the length (a step that accepts all k + 1 tokens must not
-        # land on the same cut again).
-        cut = (len(context) * 2654435761 >> 11) % (k + 1)
-        return upcoming[:cut] + [(token + 1) % 256 for token in upcoming[cut:]]
-    return [0] * k
+    # The longest prompt that starts the context (a next turn starts with an earlier prompt).
+    matches = [(p, o) for p, o in references if len(context) > len(p) and context[: len(p)] == p]
+    if not matches:
+        return [0] * k
+    prompt, output = max(matches, key=lambda match: len(match[0]))
+    done = context[len(prompt) :]
+    if output[: len(done)] != done:
+        return [0] * k
+    # Always k drafts (past the reference's end, filler that is rejected): vLLM 0.26's CPU
+    # spec path cannot shrink a row below the previous step's accepted count.
+    upcoming = output[len(done) : len(done) + k]
+    upcoming += [0] * (k - len(upcoming))
+    # A well-mixed function of the length (a step that accepts all k + 1 tokens must not
+    # land on the same cut again).
+    cut = (len(context) * 2654435761 >> 11) % (k + 1)
+    return upcoming[:cut] + [(token + 1) % 256 for token in upcoming[cut:]]
 
 
 class OracleProposer:

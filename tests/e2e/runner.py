@@ -4,7 +4,10 @@
 
 SPEC: {"mode": "none"|"align"|"lighter", "model": DIR, "engine": {EngineArgs...},
        "waves": [[prompt, ...], ...], "max_tokens": N}
-Each wave is one ``generate`` call issued after the previous one finished. The mode is
+Each wave is one ``generate`` call issued after the previous one finished. A prompt may be
+``{"follow": i, "text": str}``: the next turn of the i-th earlier request (all waves in
+order), i.e. its prompt and output token ids followed by ``text``'s tokens. ``"top2": true``
+records each output token's two highest log-probabilities. The mode is
 applied the way a user would: ``none`` disables prefix caching, ``align`` passes
 ``mamba_cache_mode="align"``, ``lighter`` sets ``VLLM_USE_LIGHTER_MAMBA_CACHE=1`` (which
 must be set before vLLM loads its plugins, so run this in a fresh process per mode).
@@ -43,9 +46,12 @@ def run(spec: dict) -> dict:
         max_tokens=spec.get("max_tokens", 16),
         ignore_eos=True,
         seed=spec.get("seed"),
+        logprobs=2 if spec.get("top2") else None,
     )
     waves = []
+    done: list[dict] = []  # every earlier request, in order
     for prompts in spec["waves"]:
+        prompts = [follow_up(llm, done, p) if isinstance(p, dict) else p for p in prompts]
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         waves.append(
@@ -57,11 +63,13 @@ def run(spec: dict) -> dict:
                         "prompt_token_ids": list(o.prompt_token_ids),
                         "cached_tokens": o.num_cached_tokens or 0,
                         "token_ids": list(o.outputs[0].token_ids),
+                        **({"top2": top2(o.outputs[0].logprobs)} if spec.get("top2") else {}),
                     }
                     for o in outputs
                 ],
             }
         )
+        done.extend(waves[-1]["requests"])
     block_size = llm.llm_engine.vllm_config.cache_config.block_size
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()} if spec.get("metrics") else {}
     return {
@@ -76,6 +84,18 @@ def run(spec: dict) -> dict:
         # The plugin's patches exist only in lighter-mode processes.
         "lighter_counters": engine_counters(llm) if spec["mode"] == "lighter" else None,
     }
+
+
+def top2(logprobs: list[dict]) -> list[list[float]]:
+    """Per output token, the two highest log-probabilities (a near tie when close)."""
+    return [sorted((lp.logprob for lp in step.values()), reverse=True)[:2] for step in logprobs]
+
+
+def follow_up(llm, done: list[dict], prompt: dict) -> dict:
+    """A next turn: an earlier request's prompt and output, then new text (token ids)."""
+    earlier = done[prompt["follow"]]
+    extra = llm.get_tokenizer().encode(prompt["text"], add_special_tokens=False)
+    return {"prompt_token_ids": [*earlier["prompt_token_ids"], *earlier["token_ids"], *extra]}
 
 
 def rank_state(worker) -> dict:

@@ -46,6 +46,17 @@ def test_drafts_follow_the_reference_up_to_a_cut():
     assert oracle_drafts([9, 9], references, 3) == [0, 0, 0]
 
 
+def test_a_next_turn_follows_its_own_reference():
+    """A next turn's context starts with the first turn's prompt too: the longest matching
+    prompt is the one it continues."""
+    first = ([1, 2, 3], [4, 5, 6, 7])
+    follow = ([1, 2, 3, 4, 5, 6, 7, 8], [20, 21, 22, 23, 24, 25])
+    for references in ([first, follow], [follow, first]):
+        drafts = oracle_drafts([*follow[0], 20], references, 3)
+        # Its reference's next tokens, each kept or (from the cut on) replaced by token + 1.
+        assert all(d in (t, t + 1) for d, t in zip(drafts, [21, 22, 23], strict=True)), drafts
+
+
 def tiny_llama(out: Path) -> str:
     from transformers import LlamaConfig
 
