@@ -10,6 +10,7 @@ from vllm_lighter_mamba.v1.core.sched.policy import (
     block_aligned_chunk_len,
     checkpoint_positions,
     last_cache_position,
+    next_turn_stops,
 )
 
 BS = 16
@@ -60,6 +61,18 @@ def test_eagle_backs_off_one_block():
     assert chunk(80, 20, 100, eagle=True) == 20
 
 
+def test_eagle_prompts_also_stop_at_their_last_full_block():
+    # A next turn under EAGLE/MTP hits its reply's deepest boundary less one block: after a
+    # reply that crossed one boundary, the prompt's last full block (96 of 100).
+    assert next_turn_stops(100, BS, True) == (96,)
+    assert next_turn_stops(100, BS, False) == ()  # the last cache position already
+    assert next_turn_stops(96, BS, True) == ()  # the prompt's end: no cut needed
+    assert next_turn_stops(10, BS, True) == ()
+    stops = next_turn_stops(100, BS, True)
+    # Cut there, the chunk owes nothing: its end (the prompt's, 100) holds no cacheable state.
+    assert block_aligned_chunk_len(80, 20, 100, 100, BS, True, 0, stops) == (16, None)
+
+
 def test_resumed_request_uses_its_current_token_count():
     # 100 prompt tokens + 40 outputs being replayed after preemption: last position 128.
     assert chunk(96, 44, 100, tokens=140) == 32
@@ -87,12 +100,14 @@ def test_cold_prompt_stops_at_checkpoints_and_owes_align_its_end():
     assert chunk(32, 268, 300) == 256
 
 
-def trajectory(prompt: int, budgets: list[int], block_size: int, stops: tuple[int, ...]) -> list[int]:
+def trajectory(
+    prompt: int, budgets: list[int], block_size: int, stops: tuple[int, ...], eagle: bool = False
+) -> list[int]:
     """Chunk ends of one prompt, step by step as the scheduler mixin drives the policy."""
     ends, start, step = [], 0, 0
     while start < prompt:
         budget = min(budgets[step % len(budgets)], prompt - start)
-        n, owed = block_aligned_chunk_len(start, budget, prompt, prompt, block_size, stops=stops)
+        n, owed = block_aligned_chunk_len(start, budget, prompt, prompt, block_size, eagle, stops=stops)
         if owed is not None:
             stops = (*stops, owed)
         start += n
@@ -130,6 +145,27 @@ def test_property_every_align_chunk_end_is_kept(prompt, budget, block_size, cold
     assert set(align) <= set(ours)
     assert set(ours) - set(align) <= set(stops)
     assert len(ours) <= len(align) + len(stops)
+
+
+@given(
+    prompt=st.integers(1, 3000),
+    budget=st.integers(1, 3000),
+    block_size=st.sampled_from([16, 64, 256, 544, 1056]),
+    cold=st.booleans(),
+)
+def test_property_eagle_keeps_every_align_state(prompt, budget, block_size, cold):
+    """With EAGLE/MTP: every block boundary align ends a chunk on is a chunk end here too, and
+    the others are the request's stops (checkpoints, the next-turn stop). (Past the last cache
+    position chunk ends off the block grid hold no cacheable state and may move.)"""
+    budget = max(budget, block_size)
+    last = last_cache_position(prompt, block_size, True)
+    stops = (tuple(checkpoint_positions(last, block_size)) if cold else ()) + next_turn_stops(
+        prompt, block_size, True
+    )
+    align = {e for e in trajectory(prompt, [budget], block_size, (), eagle=True) if e % block_size == 0}
+    ours = {e for e in trajectory(prompt, [budget], block_size, stops, eagle=True) if e % block_size == 0}
+    assert align <= ours
+    assert ours - align <= set(stops)
 
 
 @given(

@@ -150,3 +150,21 @@ def test_hits_at_least_upstream_align(qwen3_next_dir, seed):
     ours = replay("lighter", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
     assert ours.cached_tokens >= align.cached_tokens
     assert ours.outputs == align.outputs
+
+
+def test_eagle_prompt_states_at_its_last_full_block(qwen3_next_dir):
+    """With EAGLE/MTP a prompt's chunks end at its last full block as well as one block
+    before it (align's last cache position): the state a next turn resumes from after a
+    reply that crossed one boundary (full attention drops the last matched block)."""
+    bs, prompt_len = 16, 16 * 5 + 7
+    ends: set[int] = set()
+
+    def record(scheduler, output, step):
+        for rid in output.num_scheduled_tokens:
+            ends.add(scheduler.requests[rid].num_computed_tokens)
+
+    reqs = [SimRequest("r0", list(range(1, prompt_len + 1)), max_tokens=4)]
+    result = replay("lighter", reqs, qwen3_next_dir, check=record, block_size=bs, max_num_batched_tokens=256,
+                    use_eagle=True)
+    check_all_returned(result.scheduler)
+    assert {64, 80} <= ends

@@ -38,6 +38,18 @@ def last_cache_position(num_tokens: int, block_size: int, use_eagle: bool) -> in
     return position
 
 
+def next_turn_stops(num_tokens: int, block_size: int, use_eagle: bool) -> tuple[int, ...]:
+    """With EAGLE/MTP, the prompt's last full block boundary as well (one block past
+    :func:`last_cache_position`), where align leaves no state.
+
+    A next turn (this prompt, the reply, new text) hits the deepest block boundary the reply
+    reached, less the block that full attention drops: when the reply crosses one boundary,
+    that is this one. Without EAGLE it is the last cache position already.
+    """
+    position = num_tokens - num_tokens % block_size
+    return (position,) if use_eagle and 0 < position < num_tokens else ()
+
+
 def checkpoint_positions(
     last_position: int, block_size: int, distances: tuple[int, ...] = COLD_PROMPT_CHECKPOINTS_IN_BLOCKS
 ) -> list[int]:
@@ -99,10 +111,11 @@ def block_aligned_chunk_len(
     """A chunk starting at ``start``, clipped so its end is cacheable: (tokens, owed end).
 
     The end is align's (:func:`align_chunk_end`), or the first of the request's own
-    ``stops`` inside that chunk (its cold-prompt checkpoints). A chunk cut short of align's
-    end returns that end as *owed*: the caller adds it to the request's stops, so a later
-    chunk still ends there. Every chunk end align would make is thus also one here; under
-    the same token budgets the lighter cache's chunk ends are align's plus the stops.
+    ``stops`` inside that chunk (its cold-prompt checkpoints, EAGLE's next-turn stop). A chunk
+    cut short of align's end returns that end as *owed* if it is a block boundary: the caller
+    adds it to the request's stops, so a later chunk still ends there. Every chunk end align
+    would make at a block boundary is thus also one here; under the same token budgets the
+    lighter cache's cacheable chunk ends are align's plus the stops.
     """
     if num_new_tokens <= 0 or not in_prefill(start, num_prompt_tokens, num_tokens):
         return num_new_tokens, None
@@ -110,4 +123,7 @@ def block_aligned_chunk_len(
         start, num_new_tokens, num_tokens, block_size, use_eagle, shared_prefix_boundary
     )
     end = min((s for s in stops if start < s < align_end), default=align_end)
-    return max(end - start, 0), (align_end if end < align_end else None)
+    # Only a block boundary is owed: past the last cache position align's end is wherever the
+    # prompt or the budget ends (EAGLE's next-turn stop cuts such chunks), no state to keep.
+    owed = align_end if end < align_end and align_end % block_size == 0 else None
+    return max(end - start, 0), owed

@@ -23,6 +23,7 @@ from vllm_lighter_mamba.v1.core.sched.policy import (
     checkpoint_positions,
     in_prefill,
     last_cache_position,
+    next_turn_stops,
 )
 from vllm_lighter_mamba.v1.metrics.counters import LighterMambaCounters, engine_counters
 
@@ -152,11 +153,13 @@ def request_stops(request: Request, start: int, block_size: int, use_eagle: bool
     A prompt that found no prefix-cache hit ("cold") stops at its cold-prompt checkpoints;
     vLLM's own record of the hit (``prefill_stats``) exists only with stats logging on, so
     the answer is kept on the request (a request resumed after a preemption keeps it).
+    With EAGLE/MTP every prompt also stops at its last full block (``next_turn_stops``).
     Chunks cut at a stop add align's end they skipped (``block_aligned_chunk_len``).
     """
     if request.num_computed_tokens == 0 and request.num_preemptions == 0:
         last = last_cache_position(request.num_tokens, block_size, use_eagle)
-        request.lighter_mamba_stops = tuple(checkpoint_positions(last, block_size)) if start == 0 else ()
+        checkpoints = tuple(checkpoint_positions(last, block_size)) if start == 0 else ()
+        request.lighter_mamba_stops = checkpoints + next_turn_stops(request.num_tokens, block_size, use_eagle)
     return getattr(request, "lighter_mamba_stops", ())
 
 
