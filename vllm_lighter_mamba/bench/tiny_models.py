@@ -19,7 +19,7 @@ import torch
 
 ARCHS = ("qwen3_next", "qwen3_next_pp", "qwen3_next_mtp", "nemotron_h", "jamba")
 # Not tiny: built on the GPU host for benchmark figures only.
-LARGE_ARCHS = ("qwen3_next_1b",)
+LARGE_ARCHS = ("qwen3_next_1b", "qwen3_next_1b_mtp")
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
 EOS_TOKEN_ID = 256
 LM_HEAD_SCALE = 8.0
@@ -80,8 +80,9 @@ def _qwen3_next_pp_config():
 def _qwen3_next_mtp_config():
     """The tiny Qwen3-Next with one multi-token-prediction layer (random ``mtp.*`` weights,
     added after saving: transformers' Qwen3-Next has no MTP module), as vLLM's
-    ``qwen3_next_mtp`` speculative method loads it."""
-    config = _qwen3_next_config()
+    ``qwen3_next_mtp`` speculative method loads it. vLLM builds the MTP layer as layer 0 of its
+    own stack and needs an MoE layer there: layer 0 is sparse too."""
+    config = _qwen3_next_config(moe_layers=(0, 3))
     config.num_nextn_predict_layers = 1
     return config
 
@@ -156,12 +157,21 @@ def _jamba_config():
     )
 
 
-def _qwen3_next_1b_config():
+def _qwen3_next_1b_config(moe_layers: tuple[int, ...] | None = None):
     """About 1B parameters: realistic per-step costs for prefill timing (GPU benchmarks)."""
     return _qwen3_next(
         num_layers=24, hidden=2048, heads=16, head_dim=128, linear_heads=16, experts=8, moe_size=1024,
-        intermediate_size=5632, num_key_value_heads=2, max_position_embeddings=32768,
+        moe_layers=moe_layers, intermediate_size=5632, num_key_value_heads=2, max_position_embeddings=32768,
     )
+
+
+def _qwen3_next_1b_mtp_config():
+    """The ~1B Qwen3-Next with one random MTP layer (serving figures with ``--speculative-config
+    '{"method": "mtp", ...}'``; random weights accept few drafts); layer 0 sparse as in
+    :func:`_qwen3_next_mtp_config`."""
+    config = _qwen3_next_1b_config(moe_layers=(0, 23))
+    config.num_nextn_predict_layers = 1
+    return config
 
 
 CONFIGS = {
@@ -169,6 +179,7 @@ CONFIGS = {
     "qwen3_next_pp": _qwen3_next_pp_config,
     "qwen3_next_mtp": _qwen3_next_mtp_config,
     "qwen3_next_1b": _qwen3_next_1b_config,
+    "qwen3_next_1b_mtp": _qwen3_next_1b_mtp_config,
     "nemotron_h": _nemotron_h_config,
     "jamba": _jamba_config,
 }
