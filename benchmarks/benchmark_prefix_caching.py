@@ -67,6 +67,9 @@ def benchmark_parser() -> argparse.ArgumentParser:
     add("--sim-speculative-tokens", type=int, default=0,
         help="--simulate: draft tokens per decode step, a random number of them accepted (the "
         "replay's speculative decoding; synchronous scheduling)")
+    add("--sim-hash-after-output", action="store_true",
+        help="--simulate: hash after every output as vLLM's async scheduler does (its default); "
+        "the replay itself schedules synchronously")
     add("--results-dir", help="engine mode: keep each mode's raw results in DIR/<mode>.json and "
         "reuse them instead of re-running that mode (long engine starts)")
     add("--show-requests", action="store_true",
@@ -237,6 +240,8 @@ def simulate(args, modes: list[str]) -> list[dict]:
     drafts = args.sim_speculative_tokens
     speculation = {"speculation": Speculation(drafts, seed=args.seed or 0),
                    "num_speculative_blocks": drafts} if drafts else {}
+    if args.sim_hash_after_output:
+        speculation["hash_after_output"] = True
     results = []
     for num_blocks in pool_sizes(args):
         for mode in modes:

@@ -282,11 +282,13 @@ def make_scheduler(
     async_scheduling: bool = False,
     num_mamba_groups: int = 1,
     num_spec_tokens: int = 0,
+    hash_after_output: bool = False,
 ):
     """A vLLM scheduler over a hybrid KV-cache config (one attention group, then
     ``num_mamba_groups`` Mamba groups, as vLLM groups e.g. Qwen3-Next-80B's 36 GDN layers
     into 3), no model. ``num_spec_tokens``: draft tokens per step, as a speculative config
-    sets them (``replay(speculation=...)`` passes its own)."""
+    sets them (``replay(speculation=...)`` passes its own). ``hash_after_output``: see
+    :func:`hash_after_each_output`."""
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -354,7 +356,31 @@ def make_scheduler(
     if use_eagle:
         scheduler.use_eagle = True
         scheduler.num_lookahead_tokens = num_spec_tokens
+    if hash_after_output and not getattr(scheduler, "lighter_hash_after_output", False):
+        hash_after_each_output(scheduler)
     return scheduler
+
+
+def hash_after_each_output(scheduler) -> None:
+    """Hash a request's blocks right after each of its outputs, as vLLM's async scheduler
+    does (the replay drafts with synchronous scheduling only). A synchronous scheduler hashes
+    at the next schedule, after ``remove_skipped_blocks`` freed the block of a boundary
+    crossed inside accepted drafts: align loses those hits in the replay, not under vLLM's
+    default async scheduling. (The lighter scheduler already hashes after such outputs.)"""
+    from vllm.v1.request import RequestStatus
+
+    from vllm_lighter_mamba.v1.core.sched.scheduler import cache_accepted_boundaries
+
+    update = scheduler._update_request_with_output
+
+    def update_and_hash(request, new_token_ids):
+        running = request.status == RequestStatus.RUNNING
+        new_token_ids, stopped = update(request, new_token_ids)
+        if running:
+            cache_accepted_boundaries(scheduler.kv_cache_manager, request, len(new_token_ids))
+        return new_token_ids, stopped
+
+    scheduler._update_request_with_output = update_and_hash
 
 
 _hashers: dict[int, object] = {}

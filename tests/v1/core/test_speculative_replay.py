@@ -150,3 +150,21 @@ def test_boundaries_crossed_inside_accepted_drafts_are_hit(qwen3_next_dir, seed)
     align = replay("align", first, qwen3_next_dir, on_finish=on_finish,
                    speculation=Speculation(num_spec, seed=seed), **kwargs)
     assert all(ours.cached_per_request[rid] >= align.cached_per_request[rid] for rid in deepest)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_align_hits_drafted_boundaries_when_hashed_after_each_output(qwen3_next_dir, seed):
+    """Align under the same drafting, hashed after every output as vLLM's async scheduler
+    does (``hash_after_output``, the replay being synchronous): every follow-up hits its
+    previous turn's deepest boundary too. Without it the synchronous scheduler frees such a
+    block before hashing it, which is all that separates align from the lighter cache in the
+    replay's drafting figures (docs/benchmarks.md)."""
+    num_spec, bs = 1 + seed % 3, 8
+    kwargs = {"block_size": bs, "max_num_batched_tokens": 4 * bs, "max_num_seqs": 4, "num_blocks": 400,
+              "max_model_len": 4096, "num_speculative_blocks": num_spec, "max_steps": 20_000}
+    first, on_finish, deepest = sessions(seed, bs)
+    align = replay("align", first, qwen3_next_dir, on_finish=on_finish, hash_after_output=True,
+                   speculation=Speculation(num_spec, seed=seed), **kwargs)
+    check_all_returned(align.scheduler)
+    assert len(deepest) == 8
+    assert {rid: align.cached_per_request[rid] for rid in deepest} == deepest
