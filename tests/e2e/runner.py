@@ -6,7 +6,8 @@ SPEC: {"mode": "none"|"align"|"lighter", "model": DIR, "engine": {EngineArgs...}
        "waves": [[prompt, ...], ...], "max_tokens": N}
 Each wave is one ``generate`` call issued after the previous one finished. A prompt may be
 ``{"follow": i, "text": str}``: the next turn of the i-th earlier request (all waves in
-order), i.e. its prompt and output token ids followed by ``text``'s tokens. ``"top2": true``
+order), i.e. its prompt and output token ids followed by ``text``'s tokens; or
+``{"prompt_token_ids": [...]}``, given as token ids. ``"top2": true
 records each output token's two highest log-probabilities. The mode is
 applied the way a user would: ``none`` disables prefix caching, ``align`` passes
 ``mamba_cache_mode="align"``, ``lighter`` sets ``VLLM_USE_LIGHTER_MAMBA_CACHE=1`` (which
@@ -51,7 +52,7 @@ def run(spec: dict) -> dict:
     waves = []
     done: list[dict] = []  # every earlier request, in order
     for prompts in spec["waves"]:
-        prompts = [follow_up(llm, done, p) if isinstance(p, dict) else p for p in prompts]
+        prompts = [follow_up(llm, done, p) if isinstance(p, dict) and "follow" in p else p for p in prompts]
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         waves.append(

@@ -2,23 +2,30 @@
 
 Tiny Qwen3-Next (GDN) with an MTP layer, eager, float32 states, greedy, one request at a time
 (a spec-decode row makes vLLM run other decodes of its batch through the prefill kernel, which
-changes their rounding), vLLM's defaults otherwise. The reference is caching off without
-drafting. Drafts come from
+changes their rounding), vLLM's defaults otherwise. Drafts come from
 
-- the oracle drafter (``oracle_proposer.py``): the reference continuation with the drafts from
-  a length-dependent cut on replaced, so steps accept 0 to all of them and, when the states
-  are right, the outputs equal the reference exactly;
-- the model's MTP layer (``qwen3_next_mtp``; random weights accept few drafts).
+- the oracle drafter (``oracle_proposer.py``): the continuation of a run without drafting, with
+  the drafts from a length-dependent cut on replaced, so steps accept 0 to all of them;
+- the model's MTP layer (``mtp``, i.e. ``qwen3_next_mtp``; random weights accept few drafts);
+- ngram (model-free; random weights rarely repeat, so it drafts little).
 
-Caching off with the same drafting is the control (it must equal the reference, or the test
-cannot judge); align is recorded. The lighter cache must equal the reference, serve the second
-wave from the cache, (oracle) accept drafts, and serve the first request's next turn from the
-deepest boundary it crossed while decoding with drafts.
+The judge is caching off with the same drafting. Measured on the H200 (2026-12-02): with
+drafting every mode's greedy outputs part from a run without drafting within 4-28 tokens, at
+times not at a near tie, because a drafting step computes the same tokens in another order in
+bf16 and this random model's logits are flat; caching off, align and lighter with the same
+drafting part from each other only at near ties, the picked tokens' log-probabilities up to
+0.093 apart until then. So the lighter cache's outputs may part from caching off's only where
+caching off's pick was a near tie, within :data:`DRIFT` until then; with the settle removed
+(the state after the last accepted token left where the kernel wrote it) all 7 requests
+parted at tokens 4-6, none at a near tie. The next turn is judged against caching off with
+drafting on the same prompt (the lighter cache's first turn may part from caching off's at a
+near tie, and the next turn's prompt with it). It must also serve the second wave from the
+cache, (oracle) accept drafts, and serve the first request's next turn from the deepest
+boundary it crossed while decoding with drafts. Every run's agreement with the run without
+drafting is recorded.
 
-On the device: ``python -m pytest tests/e2e/test_gpu_speculative.py``;
-``LIGHTER_MAMBA_GPU_E2E_JSON=PATH`` also writes every run's outputs there.
-Not run yet: the H200 runs of 2026-12-01 used ngram and vLLM's synthetic acceptance, which
-could not judge (docs/design.md, "Speculative decoding").
+On the device: ``python -m pytest tests/e2e/test_gpu_speculative.py`` (``scripts/device_speculative.sh``);
+``LIGHTER_MAMBA_GPU_E2E_JSON=PATH`` also writes every run's outputs and agreements there.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ import json
 import pytest
 import torch
 
-from .helpers import flat_requests, parts_only_at_a_near_tie, run_mode, shared_text
+from .helpers import (
+    first_difference,
+    flat_requests,
+    parts_only_at_a_near_tie,
+    run_mode,
+    shared_text,
+    top1_drift,
+)
 from .oracle_proposer import ORACLE_FILE
 from .test_gpu_models import engine_args, record
 
@@ -46,7 +60,27 @@ NUM_SPEC = 3
 METHODS = {
     "oracle": {"method": "custom_class", "model": "tests.e2e.oracle_proposer.OracleProposer"},
     "mtp": {"method": "mtp"},
+    "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
 }
+MAX_TOKENS = 96
+# The largest difference of a picked token's log-probability allowed while two runs with the
+# same drafting agree. Caching off, align and lighter with oracle or ngram drafts: up to 0.093
+# apart (H200). A state two tokens short of its boundary moved it by 0.40 on the CPU
+# (test_cpu_speculative).
+DRIFT = 0.15
+
+
+def agreement(ours: list[dict], reference: list[dict]) -> list[dict]:
+    """Per request: where it first parts from ``reference``, whether only at a near tie, and
+    the largest log-probability drift before that."""
+    return [
+        {
+            "first_difference": first_difference(o["token_ids"], r["token_ids"]),
+            "near_tie": parts_only_at_a_near_tie(o, r),
+            "drift": top1_drift(o, r),
+        }
+        for o, r in zip(ours, reference, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -55,28 +89,44 @@ def test_speculative_outputs_equal_no_drafting(method, tmp_path):
 
     model = tiny_model("qwen3_next_mtp")
     base = {**engine_args("qwen3_next", eager=True), "max_num_seqs": 1}
-    reference = flat_requests(run_mode("none", model, WAVES, base, max_tokens=96, top2=True))
+    reference = flat_requests(run_mode("none", model, WAVES, base, max_tokens=MAX_TOKENS, top2=True))
     oracle = tmp_path / "references.json"
     oracle.write_text(json.dumps([[r["prompt_token_ids"], r["token_ids"]] for r in reference]))
-    engine = {**base, "disable_log_stats": False,
-              "speculative_config": {**METHODS[method], "num_speculative_tokens": NUM_SPEC}}
+    engine = {
+        **base,
+        "disable_log_stats": False,
+        "speculative_config": {**METHODS[method], "num_speculative_tokens": NUM_SPEC},
+    }
     # Speculative decoding with the lighter cache is accepted only when asked for.
     engine["additional_config"] = {**engine["additional_config"], "lighter_mamba_speculative": "experimental"}
     env = {ORACLE_FILE: str(oracle)}
     results = {
-        mode: run_mode(mode, model, WAVES, engine, max_tokens=96, metrics=True, env=env)
+        mode: run_mode(mode, model, WAVES, engine, max_tokens=MAX_TOKENS, metrics=True, env=env, top2=True)
         for mode in ("none", "align", "lighter")
     }
-    record(f"qwen3_next_mtp-{method}", True, {"reference": reference, **results})
-    tokens = [r["token_ids"] for r in reference]
-    assert [r["token_ids"] for r in flat_requests(results["none"])] == tokens, "control: caching off changed"
+    # Caching off with the same drafting on the lighter cache's next-turn prompt.
+    next_turn = flat_requests(results["lighter"])[-1]["prompt_token_ids"]
+    results["none_next_turn"] = run_mode(
+        "none", model, [[{"prompt_token_ids": next_turn}]], engine, max_tokens=MAX_TOKENS, env=env, top2=True
+    )
+    control = flat_requests(results["none"])[:-1] + flat_requests(results["none_next_turn"])
+    modes = ("none", "align", "lighter")
+    agreements = {
+        **{f"{m}~reference": agreement(flat_requests(results[m]), reference) for m in modes},
+        # (align's next turn has align's own prompt: first turns only)
+        "align~none": agreement(flat_requests(results["align"])[:-1], control[:-1]),
+        "lighter~none": agreement(flat_requests(results["lighter"]), control),
+    }
+    record(f"qwen3_next_mtp-{method}", True, {"reference": reference, **results, "agreement": agreements})
     lighter = flat_requests(results["lighter"])
+    assert all(a["near_tie"] for a in agreements["lighter~none"]), agreements["lighter~none"]
+    assert max(a["drift"] for a in agreements["lighter~none"]) < DRIFT, agreements["lighter~none"]
     assert lighter[1]["cached_tokens"] > 0 and lighter[4]["cached_tokens"] > 0
     if method == "oracle":
         assert results["lighter"]["spec_decode"]["accepted"] > 0
-    assert [r["token_ids"] for r in lighter[:-1]] == tokens[:-1]
-    # The next turn starts from a state drafting steps computed (the reference's from a
-    # prefill): it may part from the reference only at a near tie.
-    assert parts_only_at_a_near_tie(lighter[-1], reference[-1])
+    # The next turn resumes from the deepest boundary the first request computed while
+    # decoding with drafts (a block less with MTP: vLLM drops an EAGLE-style drafter's last
+    # matched block).
     block = results["lighter"]["block_size"]
-    assert lighter[-1]["cached_tokens"] >= (lighter[0]["prompt_tokens"] + 96 - 1) // block * block
+    deepest = (lighter[0]["prompt_tokens"] + MAX_TOKENS - 1) // block * block
+    assert lighter[-1]["cached_tokens"] >= deepest - (block if method == "mtp" else 0)
