@@ -64,6 +64,8 @@ def test_admission_rules():
     assert decode_end_boundary(100, 40, 16) == 128
     assert decode_end_boundary(100, 1, 16) == 96
     assert decode_end_boundary(100, None, 16) == 0
+    # With EAGLE/MTP the next turn resumes a block earlier (attention drops its last block).
+    assert decode_end_boundary(100, 40, 16, use_eagle=True) == 112
 
 
 def test_utility_counts_the_work_lost_per_page_freed():

@@ -232,7 +232,7 @@ class StateRetention:
             own = expected_by_itself(
                 position,
                 last_prompt_boundary=last,
-                decode_end=decode_end_boundary(request.num_prompt_tokens, request.max_tokens, bs),
+                decode_end=decode_end_boundary(request.num_prompt_tokens, request.max_tokens, bs, use_eagle),
             )
             node.resumable = shared or own
             node.provisional = own and not shared
@@ -266,10 +266,11 @@ class StateRetention:
     def request_released(self, request: Any, use_eagle: bool) -> None:
         """The request finished or was preempted: its deepest state is where a continuation
         (or its own resumption) starts, and its prompt's last boundary where a repeat of the
-        prompt does. Either one that was dropped, or ranked by recency alone while the request
-        ran, is admitted and ranked afresh."""
+        prompt does (each a block earlier with EAGLE/MTP: ``last_cache_position``). Either one
+        that was dropped, or ranked by recency alone while the request ran, is admitted and
+        ranked afresh."""
         bs = self.block_size
-        deepest = request.num_computed_tokens // bs - 1
+        deepest = last_cache_position(request.num_computed_tokens, bs, use_eagle) // bs - 1
         last = last_cache_position(request.num_prompt_tokens, bs, use_eagle) // bs - 1
         hashes = resolve_block_hashes(request.block_hashes, self.pool.hash_block_size, bs)
         for index in {deepest, last}:

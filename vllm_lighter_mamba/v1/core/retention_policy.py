@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_lighter_mamba.envs import LighterMambaConfigError
+from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
 
 # ``additional_config`` key: "off" turns the policy off (vLLM's LRU order), a mapping sets
 # its parameters, e.g. {"alpha": 1.0}.
@@ -103,16 +104,19 @@ def parse_settings(value: Any) -> RetentionSettings | None:
     )
 
 
-def decode_end_boundary(num_prompt_tokens: int, max_tokens: int | None, block_size: int) -> int:
-    """The deepest boundary whose state exists when the request stops at ``max_tokens``.
+def decode_end_boundary(
+    num_prompt_tokens: int, max_tokens: int | None, block_size: int, use_eagle: bool = False
+) -> int:
+    """The boundary a continuation of the conversation resumes from when the request stops
+    at ``max_tokens``.
 
     At the end ``num_prompt_tokens + max_tokens - 1`` tokens are computed (the last sampled
-    token is not): a continuation of the conversation resumes from this boundary.
+    token is not): the deepest boundary among them, or with EAGLE/MTP one block earlier
+    (full attention drops its last matched block), as :func:`last_cache_position` has it.
     """
     if not max_tokens:
         return 0
-    end = num_prompt_tokens + max_tokens - 1
-    return end - end % block_size
+    return last_cache_position(num_prompt_tokens + max_tokens - 1, block_size, use_eagle)
 
 
 def expected_by_others(position: int, *, block_size: int, shared_prefix_boundary: int,
