@@ -84,7 +84,7 @@ def agreement(ours: list[dict], reference: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_speculative_outputs_equal_no_drafting(method, tmp_path):
+def test_lighter_drafting_agrees_with_caching_off(method, tmp_path):
     from tests.conftest import tiny_model
 
     model = tiny_model("qwen3_next_mtp")
