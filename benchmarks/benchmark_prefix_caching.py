@@ -238,10 +238,10 @@ def simulate(args, modes: list[str]) -> list[dict]:
     block_size = args.sim_block_size or args.block_size or 256
     mamba_groups = args.sim_mamba_groups or model_mamba_groups(args.model)
     drafts = args.sim_speculative_tokens
-    speculation = {"speculation": Speculation(drafts, seed=args.seed or 0),
-                   "num_speculative_blocks": drafts} if drafts else {}
+    replay_options = {"speculation": Speculation(drafts, seed=args.seed or 0),
+                      "num_speculative_blocks": drafts} if drafts else {}
     if args.sim_hash_after_output:
-        speculation["hash_after_output"] = True
+        replay_options["hash_after_output"] = True
     results = []
     for num_blocks in pool_sizes(args):
         for mode in modes:
@@ -257,7 +257,7 @@ def simulate(args, modes: list[str]) -> list[dict]:
                     max_num_batched_tokens=args.max_num_batched_tokens or 2048,
                     max_num_seqs=args.max_num_seqs or 256,
                     max_model_len=args.max_model_len or 8192,
-                    **speculation,
+                    **replay_options,
                 )
                 results.append(result.to_json())
     return results

@@ -7,8 +7,8 @@ SPEC: {"mode": "none"|"align"|"lighter", "model": DIR, "engine": {EngineArgs...}
 Each wave is one ``generate`` call issued after the previous one finished. A prompt may be
 ``{"follow": i, "text": str}``: the next turn of the i-th earlier request (all waves in
 order), i.e. its prompt and output token ids followed by ``text``'s tokens; or
-``{"prompt_token_ids": [...]}``, given as token ids. ``"top2": true
-records each output token's two highest log-probabilities. The mode is
+``{"prompt_token_ids": [...]}``, given as token ids. ``"top2": true`` records each output
+token's two highest log-probabilities. The mode is
 applied the way a user would: ``none`` disables prefix caching, ``align`` passes
 ``mamba_cache_mode="align"``, ``lighter`` sets ``VLLM_USE_LIGHTER_MAMBA_CACHE=1`` (which
 must be set before vLLM loads its plugins, so run this in a fresh process per mode).

@@ -100,9 +100,10 @@ def test_lighter_drafting_agrees_with_caching_off(method, tmp_path):
     # Speculative decoding with the lighter cache is accepted only when asked for.
     engine["additional_config"] = {**engine["additional_config"], "lighter_mamba_speculative": "experimental"}
     env = {ORACLE_FILE: str(oracle)}
+    modes = ("none", "align", "lighter")
     results = {
         mode: run_mode(mode, model, WAVES, engine, max_tokens=MAX_TOKENS, metrics=True, env=env, top2=True)
-        for mode in ("none", "align", "lighter")
+        for mode in modes
     }
     # Caching off with the same drafting on the lighter cache's next-turn prompt.
     next_turn = flat_requests(results["lighter"])[-1]["prompt_token_ids"]
@@ -110,7 +111,6 @@ def test_lighter_drafting_agrees_with_caching_off(method, tmp_path):
         "none", model, [[{"prompt_token_ids": next_turn}]], engine, max_tokens=MAX_TOKENS, env=env, top2=True
     )
     control = flat_requests(results["none"])[:-1] + flat_requests(results["none_next_turn"])
-    modes = ("none", "align", "lighter")
     agreements = {
         **{f"{m}~reference": agreement(flat_requests(results[m]), reference) for m in modes},
         # (align's next turn has align's own prompt: first turns only)

@@ -367,20 +367,11 @@ def hash_after_each_output(scheduler) -> None:
     at the next schedule, after ``remove_skipped_blocks`` freed the block of a boundary
     crossed inside accepted drafts: align loses those hits in the replay, not under vLLM's
     default async scheduling. (The lighter scheduler already hashes after such outputs.)"""
-    from vllm.v1.request import RequestStatus
+    from vllm_lighter_mamba.v1.core.sched.scheduler import update_and_cache_accepted
 
-    from vllm_lighter_mamba.v1.core.sched.scheduler import cache_accepted_boundaries
-
-    update = scheduler._update_request_with_output
-
-    def update_and_hash(request, new_token_ids):
-        running = request.status == RequestStatus.RUNNING
-        new_token_ids, stopped = update(request, new_token_ids)
-        if running:
-            cache_accepted_boundaries(scheduler.kv_cache_manager, request, len(new_token_ids))
-        return new_token_ids, stopped
-
-    scheduler._update_request_with_output = update_and_hash
+    scheduler._update_request_with_output = functools.partial(
+        update_and_cache_accepted, scheduler._update_request_with_output, scheduler.kv_cache_manager
+    )
 
 
 _hashers: dict[int, object] = {}

@@ -118,6 +118,15 @@ def trajectory(
     return ends
 
 
+# One prompt chunked under one token budget, at realistic block sizes (544, 1056: Qwen3-Next).
+PROMPT_BUDGET_CASES = {
+    "prompt": st.integers(1, 3000),
+    "budget": st.integers(1, 3000),
+    "block_size": st.sampled_from([16, 64, 256, 544, 1056]),
+    "cold": st.booleans(),
+}
+
+
 def test_issue8_first_follower_scenario_leaves_a_state_at_the_junction():
     # 900 shared + 300 unique tokens at block 128, budget 1024: align ends chunks at 1024
     # and 1152, past the shared prefix; the checkpoint two blocks before (896) is the
@@ -129,12 +138,7 @@ def test_issue8_first_follower_scenario_leaves_a_state_at_the_junction():
     assert trajectory(prompt, [1024], bs, ()) == [1024, 1152, 1201]
 
 
-@given(
-    prompt=st.integers(1, 3000),
-    budget=st.integers(1, 3000),
-    block_size=st.sampled_from([16, 64, 256, 544, 1056]),
-    cold=st.booleans(),
-)
+@given(**PROMPT_BUDGET_CASES)
 def test_property_every_align_chunk_end_is_kept(prompt, budget, block_size, cold):
     """Issue 13: under the same budget, checkpoints add chunk ends and never drop align's."""
     budget = max(budget, block_size)  # start-up rejects budgets below a block
@@ -147,12 +151,7 @@ def test_property_every_align_chunk_end_is_kept(prompt, budget, block_size, cold
     assert len(ours) <= len(align) + len(stops)
 
 
-@given(
-    prompt=st.integers(1, 3000),
-    budget=st.integers(1, 3000),
-    block_size=st.sampled_from([16, 64, 256, 544, 1056]),
-    cold=st.booleans(),
-)
+@given(**PROMPT_BUDGET_CASES)
 def test_property_eagle_keeps_every_align_state(prompt, budget, block_size, cold):
     """With EAGLE/MTP: every block boundary align ends a chunk on is a chunk end here too, and
     the others are the request's stops (checkpoints, the next-turn stop). (Past the last cache

@@ -131,6 +131,13 @@ def sessions(seed: int, block_size: int):
     return first, on_finish, deepest
 
 
+def session_replay_args(num_spec: int, block_size: int) -> dict:
+    """The replay settings of the session tests: a small budget, room for every state."""
+    bs = block_size
+    return {"block_size": bs, "max_num_batched_tokens": 4 * bs, "max_num_seqs": 4, "num_blocks": 400,
+            "max_model_len": 4096, "num_speculative_blocks": num_spec, "max_steps": 20_000}
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_boundaries_crossed_inside_accepted_drafts_are_hit(qwen3_next_dir, seed):
     """Every follow-up turn hits its previous turn's deepest boundary with drafting on (the
@@ -138,8 +145,7 @@ def test_boundaries_crossed_inside_accepted_drafts_are_hit(qwen3_next_dir, seed)
     and hashed once the step's output is in), each hit read by the shadow worker as exactly
     its prefix's state; align under the same drafting hits no more."""
     num_spec, bs = 1 + seed % 3, 8
-    kwargs = {"block_size": bs, "max_num_batched_tokens": 4 * bs, "max_num_seqs": 4, "num_blocks": 400,
-              "max_model_len": 4096, "num_speculative_blocks": num_spec, "max_steps": 20_000}
+    kwargs = session_replay_args(num_spec, bs)
     first, on_finish, deepest = sessions(seed, bs)
     ours = replay_with_shadow(first, qwen3_next_dir, on_finish=on_finish,
                               speculation=Speculation(num_spec, seed=seed), **kwargs)
@@ -160,8 +166,7 @@ def test_align_hits_drafted_boundaries_when_hashed_after_each_output(qwen3_next_
     block before hashing it, which is all that separates align from the lighter cache in the
     replay's drafting figures (docs/benchmarks.md)."""
     num_spec, bs = 1 + seed % 3, 8
-    kwargs = {"block_size": bs, "max_num_batched_tokens": 4 * bs, "max_num_seqs": 4, "num_blocks": 400,
-              "max_model_len": 4096, "num_speculative_blocks": num_spec, "max_steps": 20_000}
+    kwargs = session_replay_args(num_spec, bs)
     first, on_finish, deepest = sessions(seed, bs)
     align = replay("align", first, qwen3_next_dir, on_finish=on_finish, hash_after_output=True,
                    speculation=Speculation(num_spec, seed=seed), **kwargs)

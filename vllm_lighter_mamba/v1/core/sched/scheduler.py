@@ -92,11 +92,10 @@ class LighterMambaSchedulerMixin:
             logger.exception("lighter Mamba cache: counting admissions failed; counts may be low")
 
     def _update_request_with_output(self, request: Request, new_token_ids: list[int]):
-        running = request.status == RequestStatus.RUNNING
-        result = super()._update_request_with_output(request, new_token_ids)
-        if self.lighter_hash_after_output and running:
-            cache_accepted_boundaries(self.kv_cache_manager, request, len(result[0]))
-        return result
+        update = super()._update_request_with_output
+        if not self.lighter_hash_after_output:
+            return update(request, new_token_ids)
+        return update_and_cache_accepted(update, self.kv_cache_manager, request, new_token_ids)
 
     def _mamba_block_aligned_split(
         self,
@@ -131,6 +130,19 @@ class LighterMambaSchedulerMixin:
         if owed is not None:
             request.lighter_mamba_stops = (*stops, owed)
         return num_tokens
+
+
+def update_and_cache_accepted(
+    update: Any, kv_cache_manager: Any, request: Request, new_token_ids: list[int]
+) -> tuple[list[int], bool]:
+    """A scheduler's ``_update_request_with_output`` (``update``), then, for a request that
+    was running, :func:`cache_accepted_boundaries` (what vLLM's async scheduler does after
+    every output)."""
+    running = request.status == RequestStatus.RUNNING
+    new_token_ids, stopped = update(request, new_token_ids)
+    if running:
+        cache_accepted_boundaries(kv_cache_manager, request, len(new_token_ids))
+    return new_token_ids, stopped
 
 
 def cache_accepted_boundaries(kv_cache_manager: Any, request: Request, num_new_tokens: int) -> None:
