@@ -19,13 +19,17 @@ The table reports the median over repeats and the ratio to align (and to off).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from vllm_lighter_mamba.bench.server import metric_total, metrics, serve
@@ -38,7 +42,12 @@ METRICS = [
     ("p50_tpot_ms", "TPOT p50 ms"), ("p90_tpot_ms", "TPOT p90 ms"), ("p99_tpot_ms", "TPOT p99 ms"),
     ("p50_itl_ms", "ITL p50 ms"), ("p90_itl_ms", "ITL p90 ms"), ("p99_itl_ms", "ITL p99 ms"),
     ("output_throughput", "output tok/s"), ("hit_rate", "hit rate"),
+    ("draft_acceptance", "drafts accepted / proposed"),
+    ("peak_kv_usage", "peak pool use"), ("blocks_per_running_request", "pool blocks / running req"),
 ]
+# Gauges sampled while a workload runs (the pool is shared by attention and state pages).
+USAGE, RUNNING = "vllm:kv_cache_usage_perc", "vllm:num_requests_running"
+SAMPLE_PERIOD_S = 0.25
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -153,6 +162,52 @@ def run_probe(base_url: str, model: str) -> list[dict]:
     return records
 
 
+@contextlib.contextmanager
+def sampled(base_url: str) -> Iterator[list[tuple[float, float]]]:
+    """(pool use, running requests) every SAMPLE_PERIOD_S while the block runs. A failed read
+    is skipped: sampling must not end a benchmark run."""
+    samples: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(SAMPLE_PERIOD_S):
+            with contextlib.suppress(OSError, ValueError):
+                values = metrics(base_url)
+                samples.append((metric_total(values, USAGE), metric_total(values, RUNNING)))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join()
+
+
+def num_gpu_blocks(values: dict[str, float]) -> int | None:
+    """The pool's size from vLLM's ``cache_config_info`` labels."""
+    for name in values:
+        if name.startswith("vllm:cache_config_info{"):
+            found = re.search(r'num_gpu_blocks="(\d+)"', name)
+            if found:
+                return int(found.group(1))
+    return None
+
+
+def pool_use(samples: list[tuple[float, float]], num_blocks: int | None) -> dict:
+    """Peak pool use, and the pool blocks held per running request averaged over the samples
+    with requests running (attention and state pages together: one pool in a hybrid model)."""
+    busy = [(use, running) for use, running in samples if running > 0]
+    per_request = (statistics.mean(use * num_blocks / running for use, running in busy)
+                   if busy and num_blocks else None)
+    return {"peak_kv_usage": max((use for use, _ in samples), default=None),
+            "blocks_per_running_request": per_request}
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return metric_total(after, name) - metric_total(before, name)
+
+
 def run_mode(args: argparse.Namespace, mode: str, log_dir: str) -> list[dict]:
     extra, lighter = mode_serve_args(mode)
     serve_args = extra + ["--enable-prompt-tokens-details"] + shlex.split(args.serve_args)
@@ -166,15 +221,19 @@ def run_mode(args: argparse.Namespace, mode: str, log_dir: str) -> list[dict]:
         for repeat in range(args.repeats):
             for workload in args.workloads.split(","):
                 before = metrics(base_url)
-                result = run_client(base_url, client_args(args, workload, args.seed + repeat))
+                with sampled(base_url) as samples:
+                    result = run_client(base_url, client_args(args, workload, args.seed + repeat))
                 after = metrics(base_url)
-                hits = metric_total(after, "vllm:prefix_cache_hits_total") - metric_total(
-                    before, "vllm:prefix_cache_hits_total")
-                queries = metric_total(after, "vllm:prefix_cache_queries_total") - metric_total(
-                    before, "vllm:prefix_cache_queries_total")
-                row = {key: result.get(key) for key, _ in METRICS if key != "hit_rate"}
+                hits = counter_delta(before, after, "vllm:prefix_cache_hits_total")
+                queries = counter_delta(before, after, "vllm:prefix_cache_queries_total")
+                drafts = counter_delta(before, after, "vllm:spec_decode_num_draft_tokens_total")
+                accepted = counter_delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
+                row = {key: result.get(key) for key, _ in METRICS}
                 row.update(mode=mode, workload=workload, repeat=repeat, completed=result.get("completed"),
-                           hit_rate=hits / queries if queries else 0.0)
+                           hit_rate=hits / queries if queries else 0.0,
+                           draft_acceptance=accepted / drafts if drafts else None,
+                           num_gpu_blocks=num_gpu_blocks(after),
+                           **pool_use(samples, num_gpu_blocks(after)))
                 print(json.dumps(row), flush=True)
                 runs.append(row)
     return runs
