@@ -147,6 +147,7 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
 
     def fake(**overrides):
         config = NS(
+            model_config=NS(architecture="Qwen3NextForCausalLM"),
             cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True, block_size=16),
             scheduler_config=NS(enable_chunked_prefill=True),
             parallel_config=NS(decode_context_parallel_size=1, prefill_context_parallel_size=1),
@@ -174,19 +175,26 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
         problems = config_conflicts(fake(**overrides))
         assert len(problems) == 1 and phrase in problems[0], (phrase, problems)
 
-    # Speculative decoding: no method is accepted yet unless asked for as experimental (each
-    # untested method is one line naming the opt-in); the CPU backend and steps longer than
-    # a block are rejected either way.
+    # Speculative decoding: MTP with Qwen3-Next is accepted (shown lossless); every other
+    # method or architecture only when asked for as experimental (one line naming the opt-in);
+    # the CPU backend and steps longer than a block are rejected either way.
     from vllm.platforms import current_platform
+
+    def drafting(method: str, architecture: str = "Qwen3NextForCausalLM", **overrides):
+        return fake(speculative_config=NS(method=method, num_speculative_tokens=2),
+                    model_config=NS(architecture=architecture), **overrides)
 
     ngram = NS(method="ngram", num_speculative_tokens=2)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
-    for method in ("ngram", "mtp", "eagle3"):
-        problems = config_conflicts(fake(speculative_config=NS(method=method, num_speculative_tokens=2)))
-        assert len(problems) == 1 and f"speculative method {method!r}" in problems[0]
+    assert config_conflicts(drafting("mtp")) == []
+    for method, architecture in [("ngram", "Qwen3NextForCausalLM"), ("eagle3", "Qwen3NextForCausalLM"),
+                                 ("mtp", "NemotronHForCausalLM")]:
+        problems = config_conflicts(drafting(method, architecture))
+        assert len(problems) == 1 and f"speculative method {method!r} with {architecture}" in problems[0]
+        assert "shown: mtp with Qwen3NextForCausalLM" in problems[0]
         assert "lighter_mamba_speculative" in problems[0]
-        opted_in = fake(speculative_config=NS(method=method, num_speculative_tokens=2),
-                        additional_config={"lighter_mamba_speculative": "experimental"})
+        opt_in = {"lighter_mamba_speculative": "experimental"}
+        opted_in = drafting(method, architecture, additional_config=opt_in)
         assert config_conflicts(opted_in) == []
     long_step = config_conflicts(fake(speculative_config=NS(method="ngram", num_speculative_tokens=16)))
     assert any("at most one block boundary" in p for p in long_step)

@@ -7,7 +7,7 @@ from typing import Any
 from vllm.engine import arg_utils as upstream
 from vllm.logger import init_logger
 
-from vllm_lighter_mamba.config import is_active, raise_on_conflicts, with_decision
+from vllm_lighter_mamba.config import is_active, raise_on_conflicts, speculative_shown, with_decision
 from vllm_lighter_mamba.envs import VARIABLE, LighterMambaConfigError, requested_by_environment
 from vllm_lighter_mamba.patch._util import original, replace_attr
 
@@ -56,11 +56,12 @@ def _create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
             VARIABLE,
             config.model_config.architecture,
         )
-        if config.speculative_config is not None:
+        if config.speculative_config is not None and not speculative_shown(config):
             logger.warning(
-                "speculative decoding (%s) with the lighter Mamba cache is experimental: its "
-                "outputs are not yet shown equal to prefix caching off on a GPU",
+                "speculative decoding (%s) with %s and the lighter Mamba cache is experimental: "
+                "its outputs are not yet shown equal to prefix caching off on a GPU",
                 config.speculative_config.method,
+                config.model_config.architecture,
             )
     return config
 
