@@ -1,14 +1,22 @@
 """Host time of one engine step with N running requests, lighter vs align, no model.
 
 vLLM's real ``Scheduler`` and ``KVCacheManager`` (the simulation harness, one attention and
-``--mamba-groups`` Mamba groups) run decode steps for N requests; each step is timed from
-``schedule()`` through ``update_from_output()`` plus the worker-side state-index gather of
-every Mamba group (ours: numba into a preallocated output; align: vLLM's
-``mamba_get_block_table_tensor``), as the CPU builders call it. The two modes alternate
+``--mamba-groups`` Mamba groups) run decode steps for N requests; each step times
+``schedule()``, ``update_from_output()`` (and ``update_draft_token_ids()`` with drafting) plus
+the worker-side state-index gather of every Mamba group (ours: numba into a preallocated
+output; align: vLLM's ``mamba_get_block_table_tensor``), as the CPU builders call it; the mocked
+model's sampling and drafting are left out. The two modes alternate
 round by round in one process, so the ratio is paired. A benchmark, not a test.
 
     python benchmarks/benchmark_step_overhead.py [--num-running 64,256] [--rounds 7]
-        [--steps 200] [--block-size 256] [--profile lighter]
+        [--steps 200] [--block-size 256] [--num-spec 2] [--profile lighter]
+
+``--num-spec K``: every step also verifies K draft tokens per request, a seeded random number
+of which are the mocked model's next tokens (accepted), as the scheduler replay drafts; the
+Mamba groups get K speculative blocks and the gather K more columns. The scheduler is the
+synchronous one, which the lighter cache makes hash after an output whose accepted drafts
+completed a block (vLLM's async scheduler, its default, hashes after every output in every
+mode); ``--hash-after-output`` makes align hash after each output too.
 
 Not included: the runner's per-step copy planning (align's ``preprocess_mamba`` needs a
 live model runner) and anything on the device.
@@ -18,13 +26,22 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
+import random
 import statistics
 import time
 
 import torch
 
-from vllm_lighter_mamba.bench.sim import SimRequest, make_request, make_scheduler, next_token
+from vllm_lighter_mamba.bench.sim import (
+    SimRequest,
+    accepted_drafts,
+    continuation,
+    draft_token_ids,
+    make_request,
+    make_scheduler,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=300)
     p.add_argument("--mamba-groups", type=int, default=1, help="Mamba KV-cache groups (80B: 3)")
+    p.add_argument("--num-spec", type=int, default=0, help="draft tokens verified per step")
+    p.add_argument("--hash-after-output", action="store_true",
+                   help="every mode hashes after each output, as vLLM's async scheduler does")
     p.add_argument("--profile", choices=("align", "lighter"), help="print a cProfile of one round")
     return p.parse_args(argv)
 
@@ -53,7 +73,11 @@ class DecodeLoop:
             mode, model, block_size=bs, num_blocks=n * (args.prompt_len // bs + 8) * (1 + args.mamba_groups),
             max_num_batched_tokens=max(n * args.prompt_len, 8192), max_num_seqs=n,
             max_model_len=8192, num_mamba_groups=args.mamba_groups,
+            num_speculative_blocks=args.num_spec, num_spec_tokens=args.num_spec,
+            hash_after_output=args.hash_after_output,
         )
+        self.num_spec = args.num_spec
+        self.draw = functools.partial(random.Random(0).randint, 0)
         self.requests = {}
         for i in range(n):
             sim = SimRequest(f"{mode}-{i}", [(i * 7 + j) % 250 for j in range(args.prompt_len)], 10**6)
@@ -62,19 +86,22 @@ class DecodeLoop:
             self.scheduler.add_request(request)
         groups = self.scheduler.kv_cache_config.kv_cache_groups[1:]
         self.specs = [g.kv_cache_spec for g in groups]
-        max_blocks = 8192 // bs + 1
+        max_blocks = 8192 // bs + 1 + args.num_spec
         self.tables = [torch.randint(1, 1000, (n, max_blocks), dtype=torch.int32) for _ in groups]
         self.seq_lens = torch.zeros(n, dtype=torch.int32)
         if mode.startswith("lighter"):
-            self.gather = lambda t, s, spec: gather_state_indices(t, s, spec.block_size, 0)
+            self.gather = lambda t, s, spec: gather_state_indices(t, s, spec.block_size, args.num_spec)
         else:
             self.gather = lambda t, s, spec: mamba_get_block_table_tensor(t, s, spec, "align")
         while any(r.num_computed_tokens < r.num_prompt_tokens for r in self.requests.values()):
             self.step()
 
-    def step(self) -> None:
+    def step(self) -> int:
+        """One decode step; ns spent in the engine's calls (the mocked model's sampling and
+        drafting, the same in every mode, are left out)."""
         from vllm.v1.outputs import ModelRunnerOutput
 
+        start = time.perf_counter_ns()
         output = self.scheduler.schedule()
         ids = list(output.num_scheduled_tokens)
         n = len(ids)
@@ -82,18 +109,28 @@ class DecodeLoop:
             self.seq_lens[k] = self.requests[rid].num_computed_tokens
         for table, spec in zip(self.tables, self.specs, strict=True):
             self.gather(table[:n], self.seq_lens[:n], spec)
-        sampled = [[next_token(self.requests[rid].all_token_ids)] for rid in ids]
-        self.scheduler.update_from_output(
-            output, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                      sampled_token_ids=sampled)
-        )
+        engine = time.perf_counter_ns() - start
+        drafts = output.scheduled_spec_decode_tokens
+        sampled = [
+            continuation(self.requests[rid].all_token_ids,
+                         1 + accepted_drafts(self.requests[rid].all_token_ids, drafts.get(rid, ())))
+            for rid in ids
+        ]
+        runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                          sampled_token_ids=sampled)
+        start = time.perf_counter_ns()
+        self.scheduler.update_from_output(output, runner_output)
+        engine += time.perf_counter_ns() - start
+        if self.num_spec:
+            proposed = draft_token_ids(self.scheduler, output, self.num_spec, self.draw)
+            start = time.perf_counter_ns()
+            self.scheduler.update_draft_token_ids(proposed)
+            engine += time.perf_counter_ns() - start
+        return engine
 
     def timed(self, steps: int) -> float:
-        """µs per step over ``steps`` decode steps."""
-        start = time.perf_counter_ns()
-        for _ in range(steps):
-            self.step()
-        return (time.perf_counter_ns() - start) / steps / 1000
+        """Engine µs per step over ``steps`` decode steps."""
+        return sum(self.step() for _ in range(steps)) / steps / 1000
 
 
 def paired(times: dict[str, list[float]], mode: str, base: str) -> float:
@@ -111,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
 
         path = Path(".tiny_models/qwen3_next")
         model = str(path if (path / "config.json").exists() else build_tiny_model("qwen3_next", path))
+    hashing = ", hashed after each output" if args.hash_after_output else ""
     print(f"block {args.block_size}, prompt {args.prompt_len}, {args.mamba_groups} Mamba group(s), "
+          f"{args.num_spec} draft tokens per step{hashing}, "
           f"{args.steps} decode steps x {args.rounds} alternating rounds")
     # lighter:off = the lighter cache without its state retention policy (vLLM's LRU order):
     # what the policy's bookkeeping costs per step.

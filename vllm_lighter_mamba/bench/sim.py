@@ -485,7 +485,7 @@ def replay(
         for callback in after_output:
             callback(scheduler, output, live)
         if speculation is not None:
-            _propose_drafts(scheduler, output, speculation.num_tokens, draw)
+            propose_drafts(scheduler, output, speculation.num_tokens, draw)
         if on_finish is None:
             return
         for rid in output.num_scheduled_tokens:
@@ -561,9 +561,14 @@ def replay(
     return result
 
 
-def _propose_drafts(scheduler, output, num_tokens: int, draw: Callable[[int], int]) -> None:
+def propose_drafts(scheduler, output, num_tokens: int, draw: Callable[[int], int]) -> None:
     """Draft tokens for the step's requests, as vLLM's engine core hands the drafter's to the
-    scheduler after each step (it drops those of requests still in prefill): the first
+    scheduler after each step (it drops those of requests still in prefill)."""
+    scheduler.update_draft_token_ids(draft_token_ids(scheduler, output, num_tokens, draw))
+
+
+def draft_token_ids(scheduler, output, num_tokens: int, draw: Callable[[int], int]):
+    """The mocked drafter's ``DraftTokenIds`` for the step's requests: the first
     ``draw(num_tokens)`` are the mocked model's next tokens, the rest are not."""
     from vllm.v1.outputs import DraftTokenIds
 
@@ -574,10 +579,10 @@ def _propose_drafts(scheduler, output, num_tokens: int, draw: Callable[[int], in
         tokens = continuation(scheduler.requests[rid].all_token_ids, num_tokens)
         wrong = [(t + 1) % MOCK_VOCAB for t in tokens[good:]]  # never the model's token
         drafts.append(tokens[:good] + wrong)
-    scheduler.update_draft_token_ids(DraftTokenIds(req_ids, drafts))
+    return DraftTokenIds(req_ids, drafts)
 
 
-def _accepted(token_ids: Sequence[int], drafts: Sequence[int]) -> int:
+def accepted_drafts(token_ids: Sequence[int], drafts: Sequence[int]) -> int:
     """The drafts a greedy rejection sampler accepts: those equal to the model's tokens."""
     accepted = 0
     for draft, token in zip(drafts, continuation(token_ids, len(drafts)), strict=True):
@@ -599,7 +604,7 @@ def _process(scheduler, output, samples: dict[str, bool], live: dict) -> None:
     for rid in req_ids:
         count = int(samples[rid])
         if count and rid in drafts:
-            count += _accepted(live[rid].all_token_ids, drafts[rid])
+            count += accepted_drafts(live[rid].all_token_ids, drafts[rid])
         sampled.append(continuation(live[rid].all_token_ids, count))
     runner_output = ModelRunnerOutput(
         req_ids=req_ids,
