@@ -1,12 +1,14 @@
 """GPU end to end (skipped without CUDA): speculative decoding with the lighter cache is lossless.
 
-Tiny Qwen3-Next (GDN) with an MTP layer, eager, float32 states, greedy, one request at a time
+Tiny Qwen3-Next (GDN) with an MTP layer (and the tiny NemotronH, Mamba2, with one), eager unless
+the case says graphs, float32 states, greedy, one request at a time
 (a spec-decode row makes vLLM run other decodes of its batch through the prefill kernel, which
 changes their rounding), vLLM's defaults otherwise. Drafts come from
 
 - the oracle drafter (``oracle_proposer.py``): the continuation of a run without drafting, with
   the drafts from a length-dependent cut on replaced, so steps accept 0 to all of them;
-- the model's MTP layer (``mtp``, i.e. ``qwen3_next_mtp``; random weights accept few drafts);
+- the model's MTP layer (``mtp``, i.e. ``qwen3_next_mtp``; random weights accept few drafts),
+  also for the tiny NemotronH (Mamba2, vLLM's ``nemotron_h_mtp``);
 - ngram (model-free; random weights rarely repeat, so it drafts little), judged against caching
   off with vLLM #39273's stale state fixed (ngram skips steps; see test_cpu_speculative).
 
@@ -79,9 +81,15 @@ STATE_FIX_ENV = {"LIGHTER_MAMBA_TEST_OFF_STATE_FIX": "1",
                  "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")])}
 
 
-def model_args(eager: bool) -> dict:
+# The tiny models with an MTP layer: (engine_args' arch, vLLM's architecture).
+MODELS = {"qwen3_next_mtp": ("qwen3_next", "Qwen3NextForCausalLM"),
+          "nemotron_h_mtp": ("nemotron_h", "NemotronHForCausalLM")}
+
+
+def model_args(model: str, eager: bool) -> dict:
     """The engine without drafting: one request at a time; float32 weights on request."""
-    args = {**engine_args("qwen3_next", eager=eager), "max_num_seqs": 1}
+    args = {**engine_args(MODELS[model][0], eager=eager), "max_num_seqs": 1}
+    args.setdefault("additional_config", {})
     if FLOAT32:
         args.update(dtype="float32", attention_backend="TRITON_ATTN")
     return args
@@ -101,16 +109,17 @@ def agreement(ours: list[dict], reference: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("method", "eager"),
-    [(method, True) for method in METHODS] + [("mtp", False)],
+    ("model_name", "method", "eager"),
+    [("qwen3_next_mtp", method, True) for method in METHODS]
+    + [("qwen3_next_mtp", "mtp", False), ("nemotron_h_mtp", "mtp", True)],
     ids=lambda value: value if isinstance(value, str) else ("eager" if value else "graphs"),
 )
-def test_lighter_drafting_agrees_with_caching_off(method, eager, tmp_path):
+def test_lighter_drafting_agrees_with_caching_off(model_name, method, eager, tmp_path):
     from tests.conftest import tiny_model
     from vllm_lighter_mamba.config import SPECULATIVE_SHOWN
 
-    model = tiny_model("qwen3_next_mtp")
-    base = model_args(eager)
+    model = tiny_model(model_name)
+    base = model_args(model_name, eager)
     reference = flat_requests(run_mode("none", model, WAVES, base, max_tokens=MAX_TOKENS, top2=True))
     oracle = tmp_path / "references.json"
     oracle.write_text(json.dumps([[r["prompt_token_ids"], r["token_ids"]] for r in reference]))
@@ -120,7 +129,7 @@ def test_lighter_drafting_agrees_with_caching_off(method, eager, tmp_path):
         "speculative_config": {**METHODS[method], "num_speculative_tokens": NUM_SPEC},
     }
     # A method not shown lossless for Qwen3-Next runs only when asked for.
-    if "Qwen3NextForCausalLM" not in SPECULATIVE_SHOWN.get(METHODS[method]["method"], ()):
+    if MODELS[model_name][1] not in SPECULATIVE_SHOWN.get(METHODS[method]["method"], ()):
         opt_in = {"lighter_mamba_speculative": "experimental"}
         engine["additional_config"] = {**engine["additional_config"], **opt_in}
     env = {ORACLE_FILE: str(oracle)}
@@ -146,7 +155,7 @@ def test_lighter_drafting_agrees_with_caching_off(method, eager, tmp_path):
         "align~none": agreement(flat_requests(results["align"])[:-1], control[:-1]),
         "lighter~none": agreement(flat_requests(results["lighter"]), control),
     }
-    name = f"qwen3_next_mtp-{method}{'-float32' if FLOAT32 else ''}"
+    name = f"{model_name}-{method}{'-float32' if FLOAT32 else ''}"
     record(name, eager, {"reference": reference, **results, "agreement": agreements})
     lighter = flat_requests(results["lighter"])
     assert all(a["near_tie"] for a in agreements["lighter~none"]), agreements["lighter~none"]

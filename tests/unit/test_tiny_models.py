@@ -16,6 +16,7 @@ VLLM_ARCH = {
     "qwen3_next_pp": "Qwen3NextForCausalLM",
     "qwen3_next_mtp": "Qwen3NextForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
+    "nemotron_h_mtp": "NemotronHForCausalLM",
     "jamba": "JambaForCausalLM",
 }
 

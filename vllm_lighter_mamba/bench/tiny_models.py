@@ -3,7 +3,9 @@
     python -m vllm_lighter_mamba.bench.tiny_models --arch qwen3_next --out DIR [--seed N]
 
 ARCH: ``qwen3_next`` (GatedDeltaNet + attention + MoE), ``qwen3_next_pp`` (the same, 8 layers,
-an MoE layer per pipeline stage), ``nemotron_h`` (Mamba2 + attention),
+an MoE layer per pipeline stage), ``qwen3_next_mtp`` / ``nemotron_h_mtp`` (with one random
+multi-token-prediction layer, for ``--speculative-config '{"method": "mtp"}'``),
+``nemotron_h`` (Mamba2 + attention),
 ``jamba`` (Mamba1 + attention). Weights are deterministic for a seed and saved with
 safetensors in bf16; the tokenizer is byte-level (one token per byte) and built with the
 tokenizers library. The lm_head is scaled up so logits are peaky: greedy decoding then
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("qwen3_next", "qwen3_next_pp", "qwen3_next_mtp", "nemotron_h", "jamba")
+ARCHS = ("qwen3_next", "qwen3_next_pp", "qwen3_next_mtp", "nemotron_h", "nemotron_h_mtp", "jamba")
 # Not tiny: built on the GPU host for benchmark figures only.
 LARGE_ARCHS = ("qwen3_next_1b", "qwen3_next_1b_mtp")
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
@@ -87,7 +89,7 @@ def _qwen3_next_mtp_config():
     return config
 
 
-def add_mtp_weights(out: Path, config, generator: torch.Generator) -> None:
+def add_qwen3_next_mtp_weights(out: Path, config, generator: torch.Generator) -> None:
     """vLLM's MTP layer is a full-attention MoE decoder layer plus ``fc`` over the normed
     embedding and hidden state: random copies of the last (full-attention, MoE) layer's
     tensor names and shapes, zero (identity) norms as the model's own norms are stored."""
@@ -130,6 +132,40 @@ def _nemotron_h_config():
         max_position_embeddings=8192,
         **TOKEN_IDS,
     )
+
+
+def _nemotron_h_mtp_config():
+    """The tiny NemotronH with one MTP step of one attention layer (``*``), as vLLM's
+    ``nemotron_h_mtp`` builds it: random ``mtp.*`` weights added after saving (transformers'
+    NemotronH has no MTP module)."""
+    config = _nemotron_h_config()
+    config.num_nextn_predict_layers = 1
+    config.mtp_layers_block_type = ["full_attention"]  # vLLM reads it as the pattern "*"
+    return config
+
+
+def add_nemotron_h_mtp_weights(out: Path, config, generator: torch.Generator) -> None:
+    """vLLM's NemotronH MTP step: ``enorm``/``hnorm`` and ``eh_proj`` over the normed embedding
+    and hidden state, then an attention decoder layer (random copies of the model's attention
+    layer's tensor names and shapes) and ``final_layernorm``. Norms are ones (identity)."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    query = next(name for name in tensors if name.endswith(".mixer.q_proj.weight"))
+    attention = query.removesuffix("mixer.q_proj.weight")  # the attention layer's prefix
+    hidden = config.hidden_size
+    step = "mtp.layers.0."
+    for name, tensor in list(tensors.items()):
+        if name.startswith(attention):
+            random = torch.randn(tensor.shape, generator=generator) * 0.05
+            ones = torch.ones_like(tensor)
+            tensors[step + name[len(attention):]] = ones if tensor.dim() == 1 else random.to(tensor.dtype)
+    eh_proj = torch.randn(hidden, 2 * hidden, generator=generator) * 0.05
+    tensors[step + "eh_proj.weight"] = eh_proj.to(torch.bfloat16)
+    for norm in ("enorm", "hnorm", "final_layernorm"):
+        tensors[f"{step}{norm}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _jamba_config():
@@ -181,8 +217,11 @@ CONFIGS = {
     "qwen3_next_1b": _qwen3_next_1b_config,
     "qwen3_next_1b_mtp": _qwen3_next_1b_mtp_config,
     "nemotron_h": _nemotron_h_config,
+    "nemotron_h_mtp": _nemotron_h_mtp_config,
     "jamba": _jamba_config,
 }
+# How each model type stores its MTP layer (added after saving).
+MTP_WEIGHTS = {"qwen3_next": add_qwen3_next_mtp_weights, "nemotron_h": add_nemotron_h_mtp_weights}
 
 
 def build_tokenizer():
@@ -212,7 +251,7 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, device: str 
     config = CONFIGS[arch]()
     out = save_random_model(config, out_dir, seed, device)
     if getattr(config, "num_nextn_predict_layers", 0):
-        add_mtp_weights(out, config, torch.Generator().manual_seed(seed + 1))
+        MTP_WEIGHTS[config.model_type](out, config, torch.Generator().manual_seed(seed + 1))
     return out
 
 
