@@ -224,6 +224,7 @@ def run_mode(args: argparse.Namespace, mode: str, log_dir: str) -> list[dict]:
                 with sampled(base_url) as samples:
                     result = run_client(base_url, client_args(args, workload, args.seed + repeat))
                 after = metrics(base_url)
+                pool_size = num_gpu_blocks(after)
                 hits = counter_delta(before, after, "vllm:prefix_cache_hits_total")
                 queries = counter_delta(before, after, "vllm:prefix_cache_queries_total")
                 drafts = counter_delta(before, after, "vllm:spec_decode_num_draft_tokens_total")
@@ -232,8 +233,7 @@ def run_mode(args: argparse.Namespace, mode: str, log_dir: str) -> list[dict]:
                 row.update(mode=mode, workload=workload, repeat=repeat, completed=result.get("completed"),
                            hit_rate=hits / queries if queries else 0.0,
                            draft_acceptance=accepted / drafts if drafts else None,
-                           num_gpu_blocks=num_gpu_blocks(after),
-                           **pool_use(samples, num_gpu_blocks(after)))
+                           num_gpu_blocks=pool_size, **pool_use(samples, pool_size))
                 print(json.dumps(row), flush=True)
                 runs.append(row)
     return runs

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_ENGINE = {
@@ -16,6 +17,18 @@ CPU_ENGINE = {
     "enforce_eager": True,
     "mamba_ssm_cache_dtype": "float32",
 }
+
+
+# The test site (cpu_spec_site/sitecustomize.py) and the flags that switch its parts on.
+SPEC_SITE = Path(__file__).parent / "cpu_spec_site"
+CPU_SPEC = {"LIGHTER_MAMBA_TEST_CPU_SPEC": "1"}  # drafting for GDN on the CPU backend
+OFF_STATE_FIX = {"LIGHTER_MAMBA_TEST_OFF_STATE_FIX": "1"}  # caching off without vLLM #39273
+
+
+def spec_site_env(env: dict) -> dict:
+    """``env`` with the test site first on the engine's PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(SPEC_SITE), os.environ.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path}
 
 
 def run_mode(

@@ -22,17 +22,24 @@ parted at token 14 of a request, without them they agree on every token). That i
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from .helpers import flat_requests, parts_only_at_a_near_tie, run_mode, shared_text, top1_drift
+from .helpers import (
+    CPU_SPEC,
+    OFF_STATE_FIX,
+    flat_requests,
+    parts_only_at_a_near_tie,
+    run_mode,
+    shared_text,
+    spec_site_env,
+    top1_drift,
+)
 from .oracle_proposer import ORACLE_FILE
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU backend's test")
 
-SITE = Path(__file__).parent / "cpu_spec_site"
 PREFIX = shared_text(5, 300)
 WAVES = [
     [PREFIX + " first?"],
@@ -77,8 +84,6 @@ def test_mtp_drafting_equals_caching_off():
 
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
-# Caching off with vLLM #39273's stale state fixed (cpu_spec_site/sitecustomize.py).
-STATE_FIX = {"LIGHTER_MAMBA_TEST_OFF_STATE_FIX": "1"}
 
 
 def test_ngram_drafting_equals_caching_off_with_its_state_fix(qwen3_next_dir):
@@ -90,7 +95,7 @@ def test_ngram_drafting_equals_caching_off_with_its_state_fix(qwen3_next_dir):
     the lighter cache equals the fixed caching off on every token (next turn: log-probs within
     0.091, apart from token 6 on, after the next turn's own prefill chunks), and plain caching
     off parts from it at token 19 of the next turn, not at a near tie."""
-    results = run_with_drafts(qwen3_next_dir, NGRAM, {}, opt_in=True, control_env=STATE_FIX)
+    results = run_with_drafts(qwen3_next_dir, NGRAM, {}, opt_in=True, control_env=OFF_STATE_FIX)
     assert results["lighter"]["spec_decode"]["accepted"] > 0
     check_lighter_equals_caching_off(results, eagle=False, next_turn_drift=0.15)
     # The waves do switch after accepted drafts: caching off as vLLM ships it leaves them.
@@ -102,8 +107,8 @@ def test_ngram_drafting_equals_caching_off_with_its_state_fix(qwen3_next_dir):
 
 
 def cpu_spec_env(env: dict) -> dict:
-    """What the test engines need to draft for GDN on the CPU (cpu_spec_site)."""
-    return {**env, "LIGHTER_MAMBA_TEST_CPU_SPEC": "1", "PYTHONPATH": str(SITE)}
+    """What the test engines need to draft for GDN on the CPU (the test site)."""
+    return spec_site_env({**env, **CPU_SPEC})
 
 
 def run_with_drafts(model: str, spec: dict, env: dict, opt_in: bool, control_env: dict | None = None) -> dict:

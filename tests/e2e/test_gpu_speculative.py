@@ -37,17 +37,18 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from .helpers import (
+    OFF_STATE_FIX,
     first_difference,
     flat_requests,
     parts_only_at_a_near_tie,
     run_mode,
     shared_text,
+    spec_site_env,
     top1_drift,
 )
 from .oracle_proposer import ORACLE_FILE
@@ -76,9 +77,6 @@ MAX_TOKENS = 96
 # (test_cpu_speculative).
 DRIFT = 0.15
 FLOAT32 = os.environ.get("LIGHTER_MAMBA_GPU_SPEC_FLOAT32") == "1"
-SITE = Path(__file__).parent / "cpu_spec_site"
-STATE_FIX_ENV = {"LIGHTER_MAMBA_TEST_OFF_STATE_FIX": "1",
-                 "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")])}
 
 
 # The tiny models with an MTP layer: (engine_args' arch, vLLM's architecture).
@@ -135,7 +133,7 @@ def test_lighter_drafting_agrees_with_caching_off(model_name, method, eager, tmp
     env = {ORACLE_FILE: str(oracle)}
     # ngram skips steps; vLLM 0.26's caching off then reads a stale state (vLLM #39273): its
     # control is caching off with that fixed (tests/e2e/cpu_spec_site).
-    control_env = {**env, **STATE_FIX_ENV} if method == "ngram" else env
+    control_env = spec_site_env({**env, **OFF_STATE_FIX}) if method == "ngram" else env
     modes = ("none", "align", "lighter")
     envs = {"none": control_env, "align": env, "lighter": env}
     results = {

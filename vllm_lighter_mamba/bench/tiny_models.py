@@ -99,16 +99,24 @@ def add_qwen3_next_mtp_weights(out: Path, config, generator: torch.Generator) ->
     tensors = load_file(path)
     last = f"model.layers.{config.num_hidden_layers - 1}."
     hidden = config.hidden_size
-    for name, tensor in list(tensors.items()):
-        if name.startswith(last):
-            mtp = "mtp.layers.0." + name[len(last):]
-            random = torch.randn(tensor.shape, generator=generator) * 0.05
-            tensors[mtp] = torch.zeros_like(tensor) if tensor.dim() == 1 else random.to(tensor.dtype)
+    add_random_layer_copy(tensors, last, "mtp.layers.0.", 0.0, generator)
     fc = torch.randn(hidden, 2 * hidden, generator=generator) * 0.05
     tensors["mtp.fc.weight"] = fc.to(torch.bfloat16)
     for norm in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
         tensors[f"mtp.{norm}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
     save_file(tensors, path, metadata={"format": "pt"})
+
+
+def add_random_layer_copy(
+    tensors: dict[str, torch.Tensor], source: str, target: str, norm: float, generator: torch.Generator
+) -> None:
+    """Every tensor named ``source...`` again as ``target...``: random matrices, norms at
+    ``norm`` (the model's identity value). One draw per tensor, in order, norms included."""
+    for name, tensor in list(tensors.items()):
+        if name.startswith(source):
+            random = torch.randn(tensor.shape, generator=generator) * 0.05
+            copy = torch.full_like(tensor, norm) if tensor.dim() == 1 else random.to(tensor.dtype)
+            tensors[target + name[len(source):]] = copy
 
 
 def _nemotron_h_config():
@@ -156,11 +164,7 @@ def add_nemotron_h_mtp_weights(out: Path, config, generator: torch.Generator) ->
     attention = query.removesuffix("mixer.q_proj.weight")  # the attention layer's prefix
     hidden = config.hidden_size
     step = "mtp.layers.0."
-    for name, tensor in list(tensors.items()):
-        if name.startswith(attention):
-            random = torch.randn(tensor.shape, generator=generator) * 0.05
-            ones = torch.ones_like(tensor)
-            tensors[step + name[len(attention):]] = ones if tensor.dim() == 1 else random.to(tensor.dtype)
+    add_random_layer_copy(tensors, attention, step, 1.0, generator)
     eh_proj = torch.randn(hidden, 2 * hidden, generator=generator) * 0.05
     tensors[step + "eh_proj.weight"] = eh_proj.to(torch.bfloat16)
     for norm in ("enorm", "hnorm", "final_layernorm"):
