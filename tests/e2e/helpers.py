@@ -3,6 +3,7 @@ loads its plugins, and each mode needs its own engine)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -31,6 +32,24 @@ def spec_site_env(env: dict) -> dict:
     return {**env, "PYTHONPATH": path}
 
 
+# LIGHTER_MAMBA_E2E_RUNS_DIR=DIR keeps every engine run's result there under a digest of all
+# that determines it, so a test longer than one device call (the GPU graphs case: five
+# compiled engines) finishes over several calls. Unset (CI): every run is fresh.
+RUNS_DIR = "LIGHTER_MAMBA_E2E_RUNS_DIR"
+
+
+def run_digest(spec: dict, extra_env: dict) -> str:
+    """The run's spec, the variables it adds (a file they name by its content) and the code."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    for name, value in sorted(extra_env.items()):
+        digest.update(name.encode())
+        digest.update(Path(value).read_bytes() if os.path.isfile(value) else value.encode())
+    root = Path(REPO_ROOT)
+    for path in sorted([*root.glob("vllm_lighter_mamba/**/*.py"), *root.glob("tests/e2e/**/*.py")]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
 def run_mode(
     mode: str,
     model: str,
@@ -42,13 +61,18 @@ def run_mode(
 ) -> dict:
     """One engine in a fresh process; ``spec_extra``: ``metrics=True`` (vLLM's own metrics at
     the end), ``ranks=True`` (each worker's state-copier record)."""
+    spec = {"mode": mode, "model": model, "engine": engine, "waves": waves, "max_tokens": max_tokens,
+            **spec_extra}
+    kept = None
+    if os.environ.get(RUNS_DIR):
+        kept = Path(os.environ[RUNS_DIR]) / f"{run_digest(spec, env or {})}.json"
+        if kept.exists():
+            return json.loads(kept.read_text())
     env = {**os.environ, **(env or {})}
     env["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if mode == "lighter" else "0"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        spec = {"mode": mode, "model": model, "engine": engine, "waves": waves, "max_tokens": max_tokens,
-                **spec_extra}
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         proc = subprocess.run(
@@ -62,7 +86,11 @@ def run_mode(
         if proc.returncode != 0:
             raise AssertionError(f"{mode} engine failed:\n{proc.stderr[-6000:]}")
         with open(out_path) as f:
-            return json.load(f)
+            result = json.load(f)
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(result))
+    return result
 
 
 def flat_requests(result: dict) -> list[dict]:

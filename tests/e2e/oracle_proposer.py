@@ -62,3 +62,21 @@ class OracleProposer:
             context = token_ids_cpu[i, : int(num_tokens_no_spec[i])].tolist()
             drafts.append(oracle_drafts(context, self.references, self.k))
         return drafts
+
+
+def skips_step(context_length: int) -> bool:
+    """About one step in three drafts nothing (a well-mixed function of the length, like the cut)."""
+    return (context_length * 2246822519 >> 13) % 3 == 0
+
+
+class SkippingOracleProposer(OracleProposer):
+    """The oracle that drafts nothing on some steps, as ngram does where the text does not
+    repeat: a plain decode row then follows a step that accepted drafts, with many drafts
+    accepted (ngram on a random model accepts almost none). GPU only: vLLM 0.26's CPU spec path
+    cannot shrink a row below the previous step's accepted count."""
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        drafts = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
+        return [
+            [] if skips_step(int(num_tokens_no_spec[i])) else d for i, d in enumerate(drafts)
+        ]

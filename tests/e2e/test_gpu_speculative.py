@@ -10,7 +10,9 @@ changes their rounding), vLLM's defaults otherwise. Drafts come from
 - the model's MTP layer (``mtp``, i.e. ``qwen3_next_mtp``; random weights accept few drafts),
   also for the tiny NemotronH (Mamba2, vLLM's ``nemotron_h_mtp``);
 - ngram (model-free; random weights rarely repeat, so it drafts little), judged against caching
-  off with vLLM #39273's stale state fixed (ngram skips steps; see test_cpu_speculative).
+  off with vLLM #39273's stale state fixed (ngram skips steps; see test_cpu_speculative);
+- the oracle that drafts nothing on about one step in three (``oracle_skip``): ngram's pattern,
+  a plain decode after a step that accepted drafts, with many drafts accepted; judged like ngram.
 
 The judge is caching off with the same drafting. Measured on the H200 (2026-12-02): with
 drafting every mode's greedy outputs part from a run without drafting within 4-28 tokens, at
@@ -31,6 +33,8 @@ On the device: ``python -m pytest tests/e2e/test_gpu_speculative.py`` (``scripts
 ``LIGHTER_MAMBA_GPU_E2E_JSON=PATH`` also writes every run's outputs and agreements there;
 ``LIGHTER_MAMBA_GPU_SPEC_FLOAT32=1`` runs the model in float32 with Triton attention, which
 takes bf16's reordering out of the comparison with the run without drafting.
+``LIGHTER_MAMBA_GPU_KV_BYTES=N`` gives every engine a pool of N bytes instead of profiling, so
+that cases can run side by side on one GPU (``scripts/device_speculative.sh`` with ``PARALLEL``).
 """
 
 from __future__ import annotations
@@ -67,9 +71,14 @@ WAVES = [
 NUM_SPEC = 3
 METHODS = {
     "oracle": {"method": "custom_class", "model": "tests.e2e.oracle_proposer.OracleProposer"},
+    "oracle_skip": {"method": "custom_class", "model": "tests.e2e.oracle_proposer.SkippingOracleProposer"},
     "mtp": {"method": "mtp"},
     "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
 }
+# Methods that draft nothing on some steps: vLLM 0.26's caching off then reads a stale state
+# after a step that accepted drafts (vLLM #39273), so their control has that fixed
+# (tests/e2e/cpu_spec_site).
+SKIPS_STEPS = ("ngram", "oracle_skip")
 MAX_TOKENS = 96
 # The largest difference of a picked token's log-probability allowed while two runs with the
 # same drafting agree. Caching off, align and lighter with oracle or ngram drafts: up to 0.093
@@ -77,6 +86,7 @@ MAX_TOKENS = 96
 # (test_cpu_speculative).
 DRIFT = 0.15
 FLOAT32 = os.environ.get("LIGHTER_MAMBA_GPU_SPEC_FLOAT32") == "1"
+KV_BYTES = os.environ.get("LIGHTER_MAMBA_GPU_KV_BYTES")
 
 
 # The tiny models with an MTP layer: (engine_args' arch, vLLM's architecture).
@@ -90,6 +100,10 @@ def model_args(model: str, eager: bool) -> dict:
     args.setdefault("additional_config", {})
     if FLOAT32:
         args.update(dtype="float32", attention_backend="TRITON_ATTN")
+    # Several cases at once on one GPU: a fixed pool, because vLLM's memory profiling would
+    # count the other processes' allocations as this one's.
+    if KV_BYTES:
+        args["kv_cache_memory_bytes"] = int(KV_BYTES)
     return args
 
 
@@ -131,9 +145,7 @@ def test_lighter_drafting_agrees_with_caching_off(model_name, method, eager, tmp
         opt_in = {"lighter_mamba_speculative": "experimental"}
         engine["additional_config"] = {**engine["additional_config"], **opt_in}
     env = {ORACLE_FILE: str(oracle)}
-    # ngram skips steps; vLLM 0.26's caching off then reads a stale state (vLLM #39273): its
-    # control is caching off with that fixed (tests/e2e/cpu_spec_site).
-    control_env = spec_site_env({**env, **OFF_STATE_FIX}) if method == "ngram" else env
+    control_env = spec_site_env({**env, **OFF_STATE_FIX}) if method in SKIPS_STEPS else env
     modes = ("none", "align", "lighter")
     envs = {"none": control_env, "align": env, "lighter": env}
     results = {
@@ -159,7 +171,7 @@ def test_lighter_drafting_agrees_with_caching_off(model_name, method, eager, tmp
     assert all(a["near_tie"] for a in agreements["lighter~none"]), agreements["lighter~none"]
     assert max(a["drift"] for a in agreements["lighter~none"]) < DRIFT, agreements["lighter~none"]
     assert lighter[1]["cached_tokens"] > 0 and lighter[4]["cached_tokens"] > 0
-    if method == "oracle":
+    if method.startswith("oracle"):
         assert results["lighter"]["spec_decode"]["accepted"] > 0
     # The next turn resumes from the deepest boundary the first request computed while
     # decoding with drafts (a block less with MTP: vLLM drops an EAGLE-style drafter's last
