@@ -175,7 +175,7 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
         problems = config_conflicts(fake(**overrides))
         assert len(problems) == 1 and phrase in problems[0], (phrase, problems)
 
-    # Speculative decoding: MTP with Qwen3-Next is accepted (shown lossless); every other
+    # Speculative decoding: MTP with Qwen3-Next or NemotronH is accepted (shown lossless); every other
     # method or architecture only when asked for as experimental (one line naming the opt-in);
     # the CPU backend and steps longer than a block are rejected either way.
     from vllm.platforms import current_platform
@@ -187,11 +187,12 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
     ngram = NS(method="ngram", num_speculative_tokens=2)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
     assert config_conflicts(drafting("mtp")) == []
+    assert config_conflicts(drafting("mtp", "NemotronHForCausalLM")) == []
     for method, architecture in [("ngram", "Qwen3NextForCausalLM"), ("eagle3", "Qwen3NextForCausalLM"),
-                                 ("mtp", "NemotronHForCausalLM")]:
+                                 ("mtp", "JambaForCausalLM")]:
         problems = config_conflicts(drafting(method, architecture))
         assert len(problems) == 1 and f"speculative method {method!r} with {architecture}" in problems[0]
-        assert "shown: mtp with Qwen3NextForCausalLM" in problems[0]
+        assert "shown: mtp with Qwen3NextForCausalLM, NemotronHForCausalLM" in problems[0]
         assert "lighter_mamba_speculative" in problems[0]
         opt_in = {"lighter_mamba_speculative": "experimental"}
         opted_in = drafting(method, architecture, additional_config=opt_in)
