@@ -135,3 +135,15 @@ def top1_drift(ours: dict, theirs: dict) -> float:
     agreed = len(ours["token_ids"]) if first is None else first
     pairs = zip(ours["top2"][:agreed], theirs["top2"][:agreed], strict=True)
     return max((abs(a[0] - b[0]) for a, b in pairs), default=0.0)
+
+
+def disagreements(ours: list[dict], theirs: list[dict], max_drift: float) -> list[dict]:
+    """The requests (run with ``top2``) whose greedy outputs part from ``theirs`` other than at
+    a near tie, or whose picked log-probabilities drift by ``max_drift`` or more before that."""
+    found = []
+    for index, (o, t) in enumerate(zip(ours, theirs, strict=True)):
+        near_tie, drift = parts_only_at_a_near_tie(o, t), top1_drift(o, t)
+        if not near_tie or drift >= max_drift:
+            first = first_difference(o["token_ids"], t["token_ids"])
+            found.append({"request": index, "first_difference": first, "near_tie": near_tie, "drift": drift})
+    return found

