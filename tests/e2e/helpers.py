@@ -129,11 +129,15 @@ def parts_only_at_a_near_tie(ours: dict, theirs: dict) -> bool:
 
 
 def top1_drift(ours: dict, theirs: dict) -> float:
-    """The largest difference of the picked token's log-probability while two greedy runs
-    agree (requests run with ``top2``): how far apart the states behind them are."""
+    """The largest difference of the best log-probability while two greedy runs agree and at
+    the token where they part (requests run with ``top2``): how far apart the states behind
+    them are. The parting token counts: at a true near tie both runs' best log-probabilities
+    are close, while a wrong state that parts at once (a flat random model often has a near
+    tie there) shows only in it."""
     first = first_difference(ours["token_ids"], theirs["token_ids"])
-    agreed = len(ours["token_ids"]) if first is None else first
-    pairs = zip(ours["top2"][:agreed], theirs["top2"][:agreed], strict=True)
+    compared = len(ours["token_ids"]) if first is None else first + 1
+    compared = min(compared, len(ours["top2"]), len(theirs["top2"]))
+    pairs = zip(ours["top2"][:compared], theirs["top2"][:compared], strict=True)
     return max((abs(a[0] - b[0]) for a, b in pairs), default=0.0)
 
 
