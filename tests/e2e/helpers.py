@@ -141,13 +141,24 @@ def top1_drift(ours: dict, theirs: dict) -> float:
     return max((abs(a[0] - b[0]) for a, b in pairs), default=0.0)
 
 
+def agreement(ours: list[dict], reference: list[dict]) -> list[dict]:
+    """Per request (run with ``top2``): where it first parts from ``reference``, whether only
+    at a near tie, and the drift (:func:`top1_drift`)."""
+    return [
+        {
+            "first_difference": first_difference(o["token_ids"], r["token_ids"]),
+            "near_tie": parts_only_at_a_near_tie(o, r),
+            "drift": top1_drift(o, r),
+        }
+        for o, r in zip(ours, reference, strict=True)
+    ]
+
+
 def disagreements(ours: list[dict], theirs: list[dict], max_drift: float) -> list[dict]:
-    """The requests (run with ``top2``) whose greedy outputs part from ``theirs`` other than at
-    a near tie, or whose picked log-probabilities drift by ``max_drift`` or more before that."""
-    found = []
-    for index, (o, t) in enumerate(zip(ours, theirs, strict=True)):
-        near_tie, drift = parts_only_at_a_near_tie(o, t), top1_drift(o, t)
-        if not near_tie or drift >= max_drift:
-            first = first_difference(o["token_ids"], t["token_ids"])
-            found.append({"request": index, "first_difference": first, "near_tie": near_tie, "drift": drift})
-    return found
+    """The requests whose greedy outputs part from ``theirs`` other than at a near tie, or
+    whose drift (:func:`top1_drift`) is ``max_drift`` or more."""
+    return [
+        {"request": index, **a}
+        for index, a in enumerate(agreement(ours, theirs))
+        if not a["near_tie"] or a["drift"] >= max_drift
+    ]

@@ -47,13 +47,11 @@ import torch
 
 from .helpers import (
     OFF_STATE_FIX,
-    first_difference,
+    agreement,
     flat_requests,
-    parts_only_at_a_near_tie,
     run_mode,
     shared_text,
     spec_site_env,
-    top1_drift,
 )
 from .oracle_proposer import ORACLE_FILE
 from .test_gpu_models import engine_args, record
@@ -105,19 +103,6 @@ def model_args(model: str, eager: bool) -> dict:
     if KV_BYTES:
         args["kv_cache_memory_bytes"] = int(KV_BYTES)
     return args
-
-
-def agreement(ours: list[dict], reference: list[dict]) -> list[dict]:
-    """Per request: where it first parts from ``reference``, whether only at a near tie, and
-    the largest log-probability drift before that."""
-    return [
-        {
-            "first_difference": first_difference(o["token_ids"], r["token_ids"]),
-            "near_tie": parts_only_at_a_near_tie(o, r),
-            "drift": top1_drift(o, r),
-        }
-        for o, r in zip(ours, reference, strict=True)
-    ]
 
 
 @pytest.mark.parametrize(
