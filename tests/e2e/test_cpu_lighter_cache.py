@@ -18,9 +18,15 @@ WAVES = [
     [PREFIX_A + " question one?", PREFIX_A + " a second, longer question?", "hi there", PREFIX_B + " b0"],
     # 3: two requests sharing a prefix C in the same step (no hit possible within the step).
     [shared_text(3, 800) + " x", shared_text(3, 800) + " y"],
-    # 4: followers of B and C.
-    [PREFIX_B + " b1", shared_text(3, 800) + " z"],
+    # 4: followers of B and C, and one of A that computes only 2 tokens past its hit.
+    [PREFIX_B + " b1", shared_text(3, 800) + " z", PREFIX_A[:1024] + "?!"],
 ]
+# The tiny model's GDN layers forget within a few tokens (A_log from transformers' init:
+# per-token decay exp(-A * softplus(.)) with A in (0, 16), below 0.5 for the slowest head), so a
+# wrong state shows only in the tokens computed right after it: with the per-step state copy
+# made a no-op, every other request here still gave caching off's tokens (their hits leave 35
+# to 103 prompt tokens to compute). The last request leaves 2.
+SHORT_TAIL = (3, 2)  # (wave, request)
 ENGINE = {**CPU_ENGINE, "max_num_batched_tokens": 512}
 # With prefix caching, prefill chunks end elsewhere, so bf16 rounds differently: outputs may
 # part from caching off's only where caching off's pick was a near tie, and the picked tokens'
@@ -55,6 +61,16 @@ def test_same_step_siblings_compute_then_serve_followers(results):
     assert first["cached_tokens"] == 0
     assert second["cached_tokens"] % block_size == 0 and second["cached_tokens"] < second["prompt_tokens"]
     assert results["lighter"]["waves"][3]["requests"][1]["cached_tokens"] > 0
+
+
+def test_a_hit_that_leaves_two_tokens_agrees_with_prefix_caching_off(results):
+    """The state moved from the hit's block to the running block is the one the last prompt
+    tokens and the decode start from (the other requests' hits are forgotten by then)."""
+    wave, index = SHORT_TAIL
+    ours = results["lighter"]["waves"][wave]["requests"][index]
+    off = results["none"]["waves"][wave]["requests"][index]
+    assert ours["cached_tokens"] == 1024 == ours["prompt_tokens"] - 2
+    assert disagreements([ours], [off], DRIFT) == []
 
 
 def test_baseline_align_agrees_with_off(results):
