@@ -15,6 +15,6 @@ lint: install
 # Unit, core (scheduler/manager), kernel, CPU end-to-end, server and benchmark tests, then the
 # stress run against `vllm serve` as its own step (LIGHTER_MAMBA_STRESS_SECONDS, default 600).
 test: install lint
-	$(PY) -m pytest tests -m "not stress" --ignore=tests/kernels -q
+	$(PY) -m pytest tests -m "not stress" --ignore=tests/kernels -q --durations=25
 	TRITON_INTERPRET=1 $(PY) -m pytest tests/kernels -q
 	$(PY) -m pytest tests/e2e/test_stress.py -m stress -q -s

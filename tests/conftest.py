@@ -20,10 +20,16 @@ MODEL_CACHE = Path(os.environ.get("LIGHTER_MAMBA_MODEL_CACHE", Path(__file__).pa
 
 
 def tiny_model(arch: str) -> str:
-    """Build (once per checkout) and return the path of a tiny random-weight model."""
+    """Build (once per checkout and version of the model builder) and return the path of a
+    tiny random-weight model."""
+    import hashlib
+
+    from vllm_lighter_mamba.bench import tiny_models
     from vllm_lighter_mamba.bench.tiny_models import build_tiny_model
 
-    out = MODEL_CACHE / arch
+    # A changed builder (a model's shape) gets a fresh model instead of a stale cached one.
+    version = hashlib.sha256(Path(tiny_models.__file__).read_bytes()).hexdigest()[:8]
+    out = MODEL_CACHE / f"{arch}-{version}"
     if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
         build_tiny_model(arch, out, seed=0)
     return str(out)

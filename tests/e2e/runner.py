@@ -40,6 +40,8 @@ def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(**engine_kwargs(spec["mode"], spec["model"], spec.get("engine", {})))
+    if spec.get("engine", {}).get("pipeline_parallel_size", 1) > 1:
+        llm.collective_rpc(allocate_stage_inputs)  # needs VLLM_ALLOW_INSECURE_SERIALIZATION=1
     # A seed gives every request its own random stream (synthetic draft acceptance draws
     # from it), the same in every mode.
     params = SamplingParams(
@@ -97,6 +99,25 @@ def follow_up(llm, done: list[dict], prompt: dict) -> dict:
     earlier = done[prompt["follow"]]
     extra = llm.get_tokenizer().encode(prompt["text"], add_special_tokens=False)
     return {"prompt_token_ids": [*earlier["prompt_token_ids"], *earlier["token_ids"], *extra]}
+
+
+def allocate_stage_inputs(worker) -> None:
+    """Runs on every worker (``collective_rpc``): gives a later pipeline stage the buffer its
+    inputs from the stage before are copied into. vLLM 0.32's CPU backend allocates it only
+    in a warm-up forward pass (``_dummy_run``), which it skips in eager mode with an explicit
+    KV cache size (``CPUWorker._should_warm_up_model``; ``warming_up_model`` returns early
+    in eager mode anyway): every engine with ``pipeline_parallel_size > 1`` and
+    ``enforce_eager`` then fails its first step (``assert self.intermediate_tensors is not
+    None`` on the last stage), caching on, off or align alike. Allocated here as
+    ``_dummy_run`` does."""
+    from vllm.distributed.parallel_state import get_pp_group
+
+    runner = worker.model_runner
+    if get_pp_group().is_first_rank or runner.intermediate_tensors is not None:
+        return
+    runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+    )
 
 
 def rank_state(worker) -> dict:

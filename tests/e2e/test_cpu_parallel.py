@@ -24,7 +24,9 @@ WAVES = [
 ]
 RANKS_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 # The per-rank record is read with collective_rpc(function), which vLLM sends pickled only
-# when allowed (test engines on this machine).
+# when allowed (test engines on this machine); the runner also calls one on a pipeline
+# layout's workers before the first step (runner.allocate_stage_inputs: vLLM 0.32's CPU
+# backend in eager mode never allocates a later stage's input buffer).
 RPC_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 LAYOUTS = {
     "tp2": ("qwen3_next", {"tensor_parallel_size": 2}),
@@ -47,7 +49,7 @@ def runs(request):
     lighter = run_mode("lighter", model, WAVES, engine(parallel), env={**RANKS_ENV, **RPC_ENV}, metrics=True,
                        ranks=True)
     lighter_one_rank = run_mode("lighter", model, WAVES, engine({}), env=RPC_ENV, ranks=True)
-    align = run_mode("align", model, WAVES, engine(parallel), env=RANKS_ENV)
+    align = run_mode("align", model, WAVES, engine(parallel), env={**RANKS_ENV, **RPC_ENV})
     return request.param, {"one_rank": one_rank, "lighter": lighter, "lighter_one_rank": lighter_one_rank,
                            "align": align}
 

@@ -25,23 +25,40 @@ HEADS, DIM_K, DIM_V, CONV_DIM, WIDTH = 2, 16, 16, 8, 4
 HEAD_DIM, GROUPS, D_STATE = 8, 1, 16  # Mamba2
 
 
+_TRITON_MODULES: dict[str, object] = {}
+
+
 def vllm_module(name: str):
-    """One of vLLM's kernel modules bound to the real Triton. Without a GPU vLLM swaps Triton
-    for placeholders at import (``vllm.triton_utils``); under TRITON_INTERPRET=1 the real one
-    runs on the CPU, so the module is (re)loaded against it."""
+    """One of vLLM's kernel modules bound to the real Triton: what a GPU runs. Without a GPU
+    vLLM swaps Triton for placeholders at import (``vllm.triton_utils``), and vLLM 0.32 also
+    rebinds some entry points to its CPU ops (``causal_conv1d_update``, which ignores
+    ``num_accepted_tokens``); under TRITON_INTERPRET=1 the real Triton runs on the CPU, so the
+    module is reloaded once against it with the platform's CPU switch off."""
     import importlib
 
     import triton
     import triton.language as tl
     import vllm.triton_utils as triton_utils
+    from vllm.platforms import current_platform
 
+    if name in _TRITON_MODULES:
+        return _TRITON_MODULES[name]
     if triton_utils.triton is not triton:
         import triton.language.extra.libdevice as tldevice
 
         triton_utils.triton, triton_utils.tl, triton_utils.tldevice = triton, tl, tldevice
         triton_utils.HAS_TRITON = True
     module = importlib.import_module(name)
-    return module if module.triton is triton else importlib.reload(module)
+    if current_platform.is_cpu():
+        current_platform.is_cpu = lambda: False  # an instance attribute over the class's
+        try:
+            module = importlib.reload(module)
+        finally:
+            del current_platform.is_cpu
+    elif module.triton is not triton:
+        module = importlib.reload(module)
+    _TRITON_MODULES[name] = module
+    return module
 
 
 class Layer:
@@ -109,7 +126,7 @@ class GDNLayer(Layer):
 
 
 class Mamba2Layer(Layer):
-    """Mamba2 (NemotronH, whose ``nemotron_h_mtp`` vLLM 0.26 serves): ``selective_state_update``
+    """Mamba2 (NemotronH, whose ``nemotron_h_mtp`` vLLM serves): ``selective_state_update``
     with the per-head tied dt/A that ``MambaMixer2`` passes for decode rows."""
 
     ssm_shape = (HEADS, HEAD_DIM, D_STATE)

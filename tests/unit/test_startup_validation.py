@@ -69,7 +69,9 @@ def test_variable_off_leaves_vllm_defaults(qwen3_next_dir, monkeypatch):
     default = engine_config(qwen3_next_dir, False, monkeypatch)
     opted_in = engine_config(qwen3_next_dir, False, monkeypatch, enable_prefix_caching=True)
     assert not is_active(default) and not is_active(opted_in)
-    assert default.cache_config.enable_prefix_caching is False  # vLLM 0.26: opt-in for hybrids
+    # vLLM 0.32: prefix caching on by default for hybrids, with its align mode.
+    assert default.cache_config.enable_prefix_caching is True
+    assert default.cache_config.mamba_cache_mode == "align"
     assert opted_in.cache_config.mamba_cache_mode == "align"
 
 
@@ -78,7 +80,7 @@ def test_the_decision_cannot_be_forced_without_the_variable(qwen3_next_dir, monk
     assert not is_active(config)
 
 
-@pytest.mark.parametrize("mode", ["align", "all"])
+@pytest.mark.parametrize("mode", ["align"])  # vLLM 0.32 has no "all" mode
 def test_explicit_mamba_cache_mode_conflicts(qwen3_next_dir, monkeypatch, mode):
     with pytest.raises(LighterMambaConfigError, match=f"--mamba-cache-mode {mode} was given"):
         engine_config(qwen3_next_dir, True, monkeypatch, enable_prefix_caching=True, mamba_cache_mode=mode)
@@ -148,9 +150,12 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
     def fake(**overrides):
         config = NS(
             model_config=NS(architecture="Qwen3NextForCausalLM"),
-            cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True, block_size=16),
+            cache_config=NS(mamba_cache_mode="none", enable_prefix_caching=True, block_size=16,
+                            prefix_match_unit=None, enable_mamba_shared_prefix_checkpoint=False,
+                            prefix_cache_retention_interval=0, use_replayssm=False),
             scheduler_config=NS(enable_chunked_prefill=True),
-            parallel_config=NS(decode_context_parallel_size=1, prefill_context_parallel_size=1),
+            parallel_config=NS(decode_context_parallel_size=1, prefill_context_parallel_size=1,
+                               pipeline_parallel_size=1),
             speculative_config=None,
             kv_transfer_config=None,
             use_v2_model_runner=False,
@@ -168,7 +173,17 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
         "context parallelism": {"parallel_config__decode_context_parallel_size": 2},
         "KV connectors": {"kv_transfer_config": object()},
         "chunked prefill is disabled": {"scheduler_config__enable_chunked_prefill": False},
-        "--mamba-cache-mode all": {"cache_config__mamba_cache_mode": "all"},
+        "--mamba-cache-mode align": {"cache_config__mamba_cache_mode": "align"},
+        "--prefix-match-unit 8": {"cache_config__prefix_match_unit": 8},
+        "--enable-mamba-shared-prefix-checkpoint": {
+            "cache_config__enable_mamba_shared_prefix_checkpoint": True
+        },
+        "--prefix-cache-retention-interval 32": {"cache_config__prefix_cache_retention_interval": 32},
+        "--prefix-cache-retention-interval None": {"cache_config__prefix_cache_retention_interval": None},
+        "--use-replayssm": {"cache_config__use_replayssm": True},
+        "KimiK3ForConditionalGeneration reads": {
+            "model_config": NS(architecture="KimiK3ForConditionalGeneration")
+        },
         "V2 model runner": {"use_v2_model_runner": True},
     }
     for phrase, overrides in cases.items():
@@ -197,6 +212,9 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
         opt_in = {"lighter_mamba_speculative": "experimental"}
         opted_in = drafting(method, architecture, additional_config=opt_in)
         assert config_conflicts(opted_in) == []
+    pipelined = config_conflicts(drafting("mtp", parallel_config=NS(
+        decode_context_parallel_size=1, prefill_context_parallel_size=1, pipeline_parallel_size=2)))
+    assert len(pipelined) == 1 and "pipeline parallelism" in pipelined[0]
     long_step = config_conflicts(fake(speculative_config=NS(method="ngram", num_speculative_tokens=16)))
     assert any("at most one block boundary" in p for p in long_step)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: True)

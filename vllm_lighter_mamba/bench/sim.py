@@ -10,7 +10,7 @@ page in every Mamba group: :func:`model_mamba_groups` reads that number from the
 the way vLLM groups layers, and :class:`CachedBlockTracker` counts the pages cached states and
 cached attention KV hold. ``mode`` picks the
 Mamba cache by building the config a user's flags would build: ``none`` (prefix caching
-off), ``align`` (upstream vLLM 0.26), ``lighter`` (ours: the config's lighter-cache decision
+off), ``align`` (upstream vLLM), ``lighter`` (ours: the config's lighter-cache decision
 and the ``LighterMambaSpec`` the workers would declare). The plugin's patches are installed
 in this process once; they are inert for configs without the decision.
 """
@@ -172,8 +172,12 @@ def model_mamba_groups(model_dir: str) -> int:
     layer counts: Qwen3-Next-80B (12 attention, 36 GDN layers) gives 3.
     """
     from vllm.config import ModelConfig, ParallelConfig
-    from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_page_size
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    try:  # vLLM 0.34 moved the grouping out of kv_cache_utils
+        from vllm.v1.core.kv_cache_planning import _get_kv_cache_groups_uniform_page_size
+    except ImportError:
+        from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_page_size
 
     try:
         model_config = ModelConfig(model=model_dir, dtype="float32", seed=0)
@@ -355,6 +359,8 @@ def make_scheduler(
     scheduler.num_spec_tokens = num_spec_tokens
     if use_eagle:
         scheduler.use_eagle = True
+        # What the chunk split and the hit rules read (vLLM's default: the drop is on).
+        scheduler.use_eagle_block_drop = True
         scheduler.num_lookahead_tokens = num_spec_tokens
     if hash_after_output and not getattr(scheduler, "lighter_hash_after_output", False):
         hash_after_each_output(scheduler)

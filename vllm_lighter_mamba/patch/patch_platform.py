@@ -21,8 +21,7 @@ def _align_hybrid_block_size(cls: Any, vllm_config: Any, backend_cls: Any) -> No
     cache_config = vllm_config.cache_config
     # The only place the lighter cache writes the Mamba block size.
     cache_config.mamba_block_size = cache_config.block_size
-    check_block_size(vllm_config)
-    logger.info("lighter Mamba cache: block size %d tokens", cache_config.block_size)
+    check_block_size(vllm_config)  # again in the scheduler, with the groups' final block size
 
 
 def apply() -> None:

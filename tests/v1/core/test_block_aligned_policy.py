@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
+from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
 
 from vllm_lighter_mamba.v1.core.sched.policy import (
     align_chunk_end,
@@ -177,6 +178,10 @@ def test_property_eagle_keeps_every_align_state(prompt, budget, block_size, cold
     junction=st.integers(0, 700),
     cold=st.booleans(),
 )
+# A resumed request (2 outputs) whose token count is a block multiple: since vLLM 0.32 align's
+# last cache position is a block below it (16, not 32), and a chunk may end at the prefill
+# end (31) mid-block.
+@example(prompt=30, extra=2, start_blocks=1, n=15, block_size=16, eagle=False, junction=0, cold=False)
 def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block_size, eagle, junction, cold):
     tokens = prompt + extra
     start = min(start_blocks * block_size, tokens - 1)
@@ -187,6 +192,8 @@ def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block
     assert 0 <= got <= max(n, 0)
     end = start + got
     in_prefill = start < max(prompt, tokens - 1)
+    # Align's last cache position (vLLM's), where its chunks stop.
+    last = get_mamba_prefill_checkpoint_position(tokens, block_size, eagle)
     if got > 0 and in_prefill and start < last:
         # Before the last cache position a chunk ends on a block boundary or exactly there.
         assert end % block_size == 0 or end == last
@@ -195,7 +202,7 @@ def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block
         assert got == n and owed is None
     if in_prefill and n > 0:
         # Align's end, or the first stop inside align's chunk, which then owes align's end.
-        align_end = align_chunk_end(start, n, tokens, block_size, eagle, junction)
+        align_end = align_chunk_end(start, n, prompt, tokens, block_size, eagle, junction)
         inside = [c for c in stops if start < c < align_end]
         assert end == (min(inside) if inside else align_end)
         assert owed == (align_end if inside else None)

@@ -426,7 +426,7 @@ class StateRetention:
         cache = self.pool.cached_block_hash_to_block
         for group in groups:
             key = make_block_hash_with_group_id(block_hash, group)
-            entry = cache._cache.get(key)  # vLLM 0.26: a block, or {block_id: block} for copies
+            entry = cache._cache.get(key)  # vLLM: a block, or {block_id: block} for copies
             blocks = (entry,) if isinstance(entry, KVCacheBlock) else (entry or {}).values()
             found.extend(b for b in blocks if b.ref_cnt == 0 and b.prev_free_block is not None)
         return found

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from vllm.utils.math_utils import cdiv
+from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_block_hash
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 from vllm_lighter_mamba.v1.metrics.counters import claim_primary_group, engine_counters, primary_group
@@ -87,8 +89,18 @@ class RequestState:
 class LighterMambaManager(MambaManager):
     """Built by vLLM's ``KVCacheSpecRegistry`` for ``LighterMambaSpec`` groups."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    # Hits are whole blocks: a state exists only at a block boundary (align's sub-block
+    # hits need its partial-tail states). This also keeps vLLM's fine-grained lookup off.
+    supports_fine_grained_hash_lookup: ClassVar[bool] = False
+
+    def __init__(self, kv_cache_spec: MambaSpec, block_pool: BlockPool, **kwargs: Any) -> None:
+        # vLLM 0.34's MambaManager.__init__ asserts that Mamba prefix caching runs in "align"
+        # mode; our spec keeps "none" (vLLM's own Mamba cache off) and this class caches. The
+        # parent is built without caching, which only that check reads, and gets the engine's
+        # setting right after.
+        enable_caching = kwargs.pop("enable_caching")
+        super().__init__(kv_cache_spec, block_pool, enable_caching=False, **kwargs)
+        self.enable_caching: bool = enable_caching
         assert self.mamba_cache_mode == "none", "the lighter cache replaces vLLM's Mamba cache modes"
         self.states: dict[str, RequestState] = {}
         # Prefix-cache hits not yet told to the retention policy: request id -> (hash, tokens).
@@ -97,7 +109,14 @@ class LighterMambaManager(MambaManager):
 
     # --- caching (vLLM's logic; counted for the metrics) ------------------------------
 
-    def cache_blocks(self, request, num_tokens: int, retention_interval: int | None = None) -> None:
+    def cache_blocks(
+        self,
+        request: Any,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int],
+    ) -> None:
         state = self.states.get(request.request_id)
         if state is not None and state.crossed_mid_block is not None:
             settled = bool(request.spec_token_ids) and worker_settles_step(
@@ -106,7 +125,16 @@ class LighterMambaManager(MambaManager):
             )
             self._resolve_crossed_block(state, self.req_to_blocks[request.request_id], keep=settled)
         before = self.num_cached_block.get(request.request_id, 0)
-        super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
+        # Dense (``None``): every boundary state a chunk end or a decode leaves is cached. vLLM
+        # 0.32's default interval 0 would hash only the replay boundaries of Mamba groups (sparse
+        # retention, ``MambaManager.reachable_block_mask``): a decode-crossed boundary, what a
+        # next turn resumes from, would stay unhashed. What to evict under pressure is our
+        # retention policy's decision (``block_pool_retention``); a user-set interval is a
+        # start-up error (``config.align_option_conflicts``).
+        del retention_interval
+        super().cache_blocks(
+            request, num_tokens, retention_interval=None, replay_boundaries=replay_boundaries
+        )
         after = self.num_cached_block.get(request.request_id, 0)
         # One state per boundary, whatever the number of Mamba groups: the lowest counts.
         if after > before and primary_group(self.block_pool) == self.kv_cache_group_id:
@@ -123,7 +151,7 @@ class LighterMambaManager(MambaManager):
             retention = retention_of(self.block_pool)
             if retention is not None:
                 for index in cached:
-                    retention.state_cached(request, index, self.use_eagle)
+                    retention.state_cached(request, index, self.drop_eagle_checkpoint_block)
         hit = self._hits.pop(request.request_id, None) if self._hits else None
         if hit is not None and (retention := retention_of(self.block_pool)) is not None:
             # The deepest hit this prompt allows (vLLM recomputes at least the last token).
@@ -168,7 +196,10 @@ class LighterMambaManager(MambaManager):
         num_local_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        prefill_end: int = 0,
     ) -> int:
+        # ``prefill_end`` places align's internal prefill checkpoint; we reserve none (a
+        # state lives in the block of its boundary).
         if (
             len(new_computed_blocks) > 0
             and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
@@ -289,6 +320,6 @@ class LighterMambaManager(MambaManager):
         if state is not None and state.request is not None:
             retention = retention_of(self.block_pool)
             if retention is not None and primary_group(self.block_pool) == self.kv_cache_group_id:
-                retention.request_released(state.request, self.use_eagle)
+                retention.request_released(state.request, self.drop_eagle_checkpoint_block)
         detached = [block for _, block in state.detached] if state is not None else []
         return detached + super().pop_blocks_for_free(request_id)

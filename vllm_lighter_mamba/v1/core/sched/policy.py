@@ -3,10 +3,10 @@
 A recurrent state exists only at the end of a chunk, and the block manager can cache a
 state only if the chunk ended exactly on a block boundary. This module holds the one
 policy, as pure functions, that both scheduler paths (waiting and running) apply after
-the token budget and encoder inputs have shaped ``num_new_tokens``.
+the token budget has shaped ``num_new_tokens``.
 
-The policy is vLLM 0.26's own (``Scheduler._mamba_block_aligned_split``, align mode), mirrored
-in :func:`align_chunk_end` without its fine-grained ``prefix_match_unit`` stop (the lighter
+The policy is vLLM's own (0.32's ``Scheduler._mamba_block_aligned_split``, align mode),
+mirrored in :func:`align_chunk_end` without the stops that need align's own cache (the lighter
 cache hits whole blocks only), plus one addition, per-request stops (the cold-prompt
 checkpoints). A chunk cut at a stop owes align's end to a later chunk, so every chunk end
 align makes is also a chunk end here: under the same token budgets the lighter cache caches
@@ -14,6 +14,8 @@ a superset of align's states.
 """
 
 from __future__ import annotations
+
+from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
 
 # A prompt that found nothing in the cache ("cold") also leaves states this many blocks
 # before its last cache position. Its last state covers its own unique tail too, so a
@@ -66,6 +68,7 @@ def in_prefill(start: int, num_prompt_tokens: int, num_tokens: int) -> bool:
 def align_chunk_end(
     start: int,
     num_new_tokens: int,
+    num_prompt_tokens: int,
     num_tokens: int,
     block_size: int,
     use_eagle: bool = False,
@@ -73,24 +76,28 @@ def align_chunk_end(
 ) -> int:
     """Where vLLM's align mode ends a prefill chunk ``[start, start + num_new_tokens)``.
 
-    Mirrors ``Scheduler._mamba_block_aligned_split`` of vLLM 0.26 for a request in prefill,
-    without the partial-tail stop of a finer ``prefix_match_unit``:
+    Mirrors ``Scheduler._mamba_block_aligned_split`` of vLLM 0.32 for a request in prefill,
+    without what needs align's own cache (sub-block hits' partial-tail stop, the internal
+    prefill checkpoint, the exact shared-prefix junction) and with a token budget of at least
+    one block (the plugin's start-up check):
 
-    - before the last cache position, the end is floored to a block boundary (possibly to
-      ``start``: the request is then not scheduled this step and keeps its place);
+    - a chunk that ends before the prefill end (the prompt's, or for a resumed request its
+      last token's) is floored to a block boundary (possibly to ``start``: the request is then
+      not scheduled this step and keeps its place);
     - a start off the block grid first re-aligns to the next boundary;
-    - the chunk never runs past the last cache position mid-chunk;
+    - the chunk never runs past align's last cache position mid-chunk: vLLM's
+      ``get_mamba_prefill_checkpoint_position``, the deepest boundary a resend of the same
+      tokens can hit (one token is always recomputed; EAGLE/MTP drop one more block);
     - it stops at the block-floored ``shared_prefix_boundary`` (where this prompt stops
       sharing a cached prefix with another request's, as vLLM's KV-cache manager reports it).
     """
-    last_position = last_cache_position(num_tokens, block_size, use_eagle)
     end = start + num_new_tokens
-    if end < last_position:
+    if end < max(num_prompt_tokens, num_tokens - 1):
         end = end // block_size * block_size
     next_boundary = (start // block_size + 1) * block_size
     stops = (
-        next_boundary if start % block_size != 0 and next_boundary <= last_position else 0,
-        last_position,
+        next_boundary if start % block_size != 0 else 0,
+        get_mamba_prefill_checkpoint_position(num_tokens, block_size, use_eagle),
         start + (shared_prefix_boundary - start) // block_size * block_size
         if start < shared_prefix_boundary < end
         else 0,
@@ -120,7 +127,7 @@ def block_aligned_chunk_len(
     if num_new_tokens <= 0 or not in_prefill(start, num_prompt_tokens, num_tokens):
         return num_new_tokens, None
     align_end = align_chunk_end(
-        start, num_new_tokens, num_tokens, block_size, use_eagle, shared_prefix_boundary
+        start, num_new_tokens, num_prompt_tokens, num_tokens, block_size, use_eagle, shared_prefix_boundary
     )
     end = min((s for s in stops if start < s < align_end), default=align_end)
     # Only a block boundary is owed: past the last cache position align's end is wherever the

@@ -1,10 +1,11 @@
 """vLLM's scheduler with block-aligned prefill chunks for hybrid models.
 
-vLLM 0.26's ``Scheduler.schedule`` already calls a chunk-splitting hook on both the
-running and the waiting path (after the token budget and encoder inputs, and skipping
-requests whose KV is being loaded asynchronously). While the engine's config says the
-lighter cache is active we turn that hook on and give it our policy; upstream's align-mode
-body never runs. Otherwise the mixin changes nothing.
+vLLM's ``Scheduler.schedule`` already calls a chunk-splitting hook,
+``_mamba_block_aligned_split``, on both the running and the waiting path (after the token
+budget, before encoder inputs, and skipping requests whose KV is being loaded
+asynchronously). While the engine's config says the lighter cache is active we turn that
+hook on and give it our policy; upstream's align-mode body never runs. Otherwise the mixin
+changes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_lighter_mamba.config import is_active, retention_settings
+from vllm_lighter_mamba.config import check_block_size, is_active, retention_settings
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention
 from vllm_lighter_mamba.v1.core.sched.policy import (
     block_aligned_chunk_len,
@@ -43,8 +44,28 @@ class LighterMambaSchedulerMixin:
             self.need_mamba_block_aligned_split = True
             # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
             self.mamba_partial_cache_hit = False
+            self.lighter_block_size: int = self._lighter_block_size()
+            # The block size is final only here (the KV-cache groups' page alignment can raise
+            # it past what the workers' platform hook saw): check the budgets against it.
+            check_block_size(self.vllm_config, self.lighter_block_size)
+            logger.info("lighter Mamba cache: block size %d tokens", self.lighter_block_size)
             self.lighter_counters = engine_counters(self.kv_cache_manager.block_pool)
             self._install_retention()
+
+    def _lighter_block_size(self) -> int:
+        """The block size of our Mamba groups: where states live, so where chunks must end.
+
+        Not ``cache_config.block_size``: the engine core's copy can lag the finalized one
+        (vLLM 0.32 on the CPU: 128, the platform default, while every KV-cache group's block,
+        hence every state, is 384 tokens); chunk stops on its grid end off the state grid."""
+        from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
+
+        sizes = {
+            g.kv_cache_spec.block_size
+            for g in self.kv_cache_config.kv_cache_groups
+            if isinstance(g.kv_cache_spec, LighterMambaSpec)
+        }
+        return sizes.pop() if len(sizes) == 1 else self.block_size
 
     def _install_retention(self) -> None:
         """The state retention policy on this engine's block pool (``block_pool_retention``),
@@ -64,7 +85,7 @@ class LighterMambaSchedulerMixin:
             return
         install_retention(
             self.kv_cache_manager.block_pool,
-            self.cache_config.block_size,
+            self.lighter_block_size,
             attention,
             mamba,
             settings,
@@ -91,11 +112,15 @@ class LighterMambaSchedulerMixin:
         except Exception:  # observability must never stop the engine
             logger.exception("lighter Mamba cache: counting admissions failed; counts may be low")
 
-    def _update_request_with_output(self, request: Request, new_token_ids: list[int]):
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
         update = super()._update_request_with_output
         if not self.lighter_hash_after_output:
-            return update(request, new_token_ids)
-        return update_and_cache_accepted(update, self.kv_cache_manager, request, new_token_ids)
+            return update(request, new_token_ids, is_stale=is_stale)
+        return update_and_cache_accepted(
+            update, self.kv_cache_manager, request, new_token_ids, is_stale=is_stale
+        )
 
     def _mamba_block_aligned_split(
         self,
@@ -116,14 +141,16 @@ class LighterMambaSchedulerMixin:
         # Decode (every running request, every step): nothing to clip.
         if not in_prefill(start, request.num_prompt_tokens, request.num_tokens):
             return num_new_tokens
-        stops = request_stops(request, start, self.cache_config.block_size, self.use_eagle)
+        # As upstream's split: the hit drops a block only where EAGLE's block drop is on.
+        use_eagle = self.use_eagle_block_drop
+        stops = request_stops(request, start, self.lighter_block_size, use_eagle)
         num_tokens, owed = block_aligned_chunk_len(
             start=start,
             num_new_tokens=num_new_tokens,
             num_prompt_tokens=request.num_prompt_tokens,
             num_tokens=request.num_tokens,
-            block_size=self.cache_config.block_size,
-            use_eagle=self.use_eagle,
+            block_size=self.lighter_block_size,
+            use_eagle=use_eagle,
             shared_prefix_boundary=request.shared_prefix_boundary,
             stops=stops,
         )
@@ -133,14 +160,19 @@ class LighterMambaSchedulerMixin:
 
 
 def update_and_cache_accepted(
-    update: Any, kv_cache_manager: Any, request: Request, new_token_ids: list[int]
+    update: Any,
+    kv_cache_manager: Any,
+    request: Request,
+    new_token_ids: list[int],
+    is_stale: bool = False,
 ) -> tuple[list[int], bool]:
     """A scheduler's ``_update_request_with_output`` (``update``), then, for a request that
     was running, :func:`cache_accepted_boundaries` (what vLLM's async scheduler does after
-    every output)."""
+    every output). A stale output (its step ran before the request was preempted, vLLM's
+    ``is_stale``) computed into blocks the preemption freed: nothing of it to hash."""
     running = request.status == RequestStatus.RUNNING
-    new_token_ids, stopped = update(request, new_token_ids)
-    if running:
+    new_token_ids, stopped = update(request, new_token_ids, is_stale=is_stale)
+    if running and not is_stale:
         cache_accepted_boundaries(kv_cache_manager, request, len(new_token_ids))
     return new_token_ids, stopped
 
