@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.logger import init_logger
 from vllm.platforms import interface as upstream
 
 from vllm_lighter_mamba.config import check_block_size, is_active
 from vllm_lighter_mamba.patch._util import original, replace_attr
-
-logger = init_logger("vllm.lighter_mamba")
 
 
 def _align_hybrid_block_size(cls: Any, vllm_config: Any, backend_cls: Any) -> None:
