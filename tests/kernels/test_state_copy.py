@@ -120,17 +120,6 @@ def test_word_is_the_widest_common_divisor():
     assert word_dtype([4096, 1024, 33]) == torch.uint8
 
 
-def fake_runner(table, seq_lens, query_lens):
-    block_table = SimpleNamespace(get_device_tensor=lambda n: table[:n])
-    return SimpleNamespace(
-        seq_lens=seq_lens,
-        num_scheduled_tokens=SimpleNamespace(gpu=query_lens),
-        input_batch=SimpleNamespace(
-            block_table={1: block_table}, num_computed_tokens_cpu=(seq_lens - query_lens).cpu().numpy()
-        ),
-    )
-
-
 def copier_for(spec, tensors, on_gpu: bool) -> MambaStateCopier:
     copier = MambaStateCopier.__new__(MambaStateCopier)
     copier.groups, copier.on_gpu, copier.block_sizes = [(1, spec, tensors)], on_gpu, [spec.block_size]
@@ -172,7 +161,8 @@ def test_gpu_path_skips_the_launch_only_when_nothing_moves(moves, monkeypatch):
     upstream = triton_copy.copy_states_triton
     monkeypatch.setattr(triton_copy, "copy_states_triton", lambda *a: launches.append(1) or upstream(*a))
     copier = copier_for(spec, tensors, on_gpu=True)
-    copier.copy(fake_runner(table, seq_lens, query_lens), 16, query_lens.cpu().numpy())
+    if copier.may_move((seq_lens - query_lens).cpu().numpy(), query_lens.cpu().numpy()):
+        copier.copy([table], seq_lens, query_lens)
     assert torch.equal(raw, expected)
     assert launches == ([1] if moves else [])
     assert torch.equal(raw, before) != moves  # the random step really moved states
@@ -187,7 +177,7 @@ def test_cpu_copier_matches_reference():
     spec = SimpleNamespace(block_size=16, num_speculative_blocks=0)
     expected = reference(raw, [(spec, tensors)], [table], seq_lens, query_lens)
     copier = copier_for(spec, tensors, on_gpu=False)
-    copier.copy(fake_runner(table, seq_lens, query_lens), 32, query_lens.numpy())
+    copier.copy([table], seq_lens, query_lens)
     assert torch.equal(raw, expected)
     assert copier.num_moves == len(copier.recent_moves) > 0
 
@@ -237,7 +227,10 @@ def test_settle_matches_the_rules(num_spec):
     accepted = torch.minimum(torch.randint(1, num_spec + 2, (num_reqs,), generator=gen), query_lens)
     spec = SimpleNamespace(block_size=block_size, num_speculative_blocks=num_spec)
     expected = settle_reference(raw, tensors, {0}, table, seq_lens, query_lens, accepted, drafts, block_size)
-    entries, word = state_tensor_table([(1, spec, tensors)], [table.to(dev)], frozenset({id(tensors[0])}))
+    # The entries hold the table's address: the device copy must outlive the launch (a
+    # temporary here was freed and its memory reused by the counts below on a GPU).
+    table_dev = table.to(dev)
+    entries, word = state_tensor_table([(1, spec, tensors)], [table_dev], frozenset({id(tensors[0])}))
     from vllm_lighter_mamba.ops.state_copy_triton import settle_states_triton
 
     as_dev = [x.to(torch.int32).to(dev) for x in (seq_lens, query_lens, accepted, drafts)]
@@ -261,10 +254,10 @@ def test_settle_rules_by_hand():
 
 
 @requires_triton
-def test_spec_decode_steps_read_column_zero_and_always_plan_on_the_device():
-    """With speculative blocks the copier sets every row's accepted count to 1 (the running
-    state is in column 0, where settle and this copy put it) and launches without the host
-    check: the host's counts assume every draft accepted under async scheduling."""
+def test_spec_decode_steps_always_plan_on_the_device():
+    """With speculative blocks the copier launches without the host check: the host's counts
+    assume every draft accepted under async scheduling. (Reading column 0 is the runner
+    adapters' job: they fill the accepted counts with 1.)"""
     dev = device()
     gen = torch.Generator().manual_seed(5)
     layouts, page = LAYOUTS["gdn"]
@@ -273,12 +266,9 @@ def test_spec_decode_steps_read_column_zero_and_always_plan_on_the_device():
     spec = SimpleNamespace(block_size=16, num_speculative_blocks=2)
     expected = reference(raw, [(spec, tensors)], [table], seq_lens, query_lens)
     assert not torch.equal(raw, expected)  # the step moves states
-    runner = fake_runner(table, seq_lens, query_lens)
-    runner.num_accepted_tokens = SimpleNamespace(gpu=torch.full((20,), 3, dtype=torch.int32, device=dev))
-    # Host counts that say "nothing moves" (as optimistic async counts can): still planned.
-    runner.input_batch.num_computed_tokens_cpu = np.full(16, 20)
     copier = copier_for(spec, tensors, on_gpu=True)
     copier.num_spec = 2
-    copier.copy(runner, 16, np.ones(16, dtype=np.int32))
+    # Host counts that say "nothing moves" (as optimistic async counts can): still planned.
+    assert copier.may_move(np.full(16, 20), np.ones(16, dtype=np.int32))
+    copier.copy([table], seq_lens, query_lens)
     assert torch.equal(raw, expected)
-    assert bool((runner.num_accepted_tokens.gpu == 1).all())

