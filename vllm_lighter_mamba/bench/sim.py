@@ -18,6 +18,7 @@ in this process once; they are inert for configs without the decision.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -612,9 +613,8 @@ def _process(scheduler, output, samples: dict[str, bool], live: dict) -> None:
         if count and rid in drafts:
             count += accepted_drafts(live[rid].all_token_ids, drafts[rid])
         sampled.append(continuation(live[rid].all_token_ids, count))
-    runner_output = ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-        sampled_token_ids=sampled,
-    )
+    fields = {"req_ids": req_ids, "sampled_token_ids": sampled}
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:  # vLLM 0.32
+        fields["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
+    runner_output = ModelRunnerOutput(**fields)
     scheduler.update_from_output(output, runner_output)

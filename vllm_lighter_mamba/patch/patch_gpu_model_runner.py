@@ -9,7 +9,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm.v1.worker import gpu_model_runner as upstream
+try:
+    from vllm.v1.worker import gpu_model_runner as upstream
+except ImportError:  # vLLM 0.34 has only Model Runner V2 (patch_mamba_hybrid)
+    upstream = None
 
 from vllm_lighter_mamba.ops.state_indices import warm_up_state_indices
 from vllm_lighter_mamba.patch._util import original, replace_attr
@@ -87,6 +90,8 @@ def _wrap_initialize_kv_cache(initialize_kv_cache: Any) -> Any:
 
 
 def apply() -> None:
+    if upstream is None:
+        return
     runner = upstream.GPUModelRunner
     replace_attr(runner, "_prepare_inputs", _wrap_prepare_inputs(original(runner, "_prepare_inputs")))
     replace_attr(

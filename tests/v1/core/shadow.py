@@ -52,7 +52,7 @@ class ShadowWorker:
         cached = output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             ids = cached.new_block_ids[i]
-            if rid in cached.resumed_req_ids:
+            if rid in getattr(cached, "resumed_req_ids", ()):  # (vLLM 0.34 resends resumed as new)
                 self.tables[rid] = list(ids[g]) if ids is not None else []
             elif ids is not None:
                 self.tables[rid].extend(ids[g])

@@ -426,8 +426,7 @@ class StateRetention:
         cache = self.pool.cached_block_hash_to_block
         for group in groups:
             key = make_block_hash_with_group_id(block_hash, group)
-            entry = cache._cache.get(key)  # vLLM: a block, or {block_id: block} for copies
-            blocks = (entry,) if isinstance(entry, KVCacheBlock) else (entry or {}).values()
+            blocks = blocks_cached_under(cache, key)
             found.extend(b for b in blocks if b.ref_cnt == 0 and b.prev_free_block is not None)
         return found
 
@@ -518,3 +517,18 @@ def install_retention(
 def remove_retention(pool: Any) -> None:
     if getattr(pool, _ATTR, None) is not None:
         setattr(pool, _ATTR, None)
+
+
+def blocks_cached_under(cache: Any, key: Any) -> list[KVCacheBlock]:
+    """Every block vLLM's ``BlockHashToBlockMap`` holds under ``key`` (it has no public call
+    for all of them). vLLM 0.32: ``_cache`` maps a key to a block, or to ``{block_id: block}``
+    for copies; vLLM 0.34: to one block id, the copies' ids in ``_dup_ids``, the blocks in
+    ``_blocks``."""
+    entry = cache._cache.get(key)
+    if entry is None:
+        return []
+    if isinstance(entry, KVCacheBlock):
+        return [entry]
+    if isinstance(entry, dict):
+        return list(entry.values())
+    return [cache._blocks[block_id] for block_id in (cache._dup_ids.get(key) or (entry,))]
