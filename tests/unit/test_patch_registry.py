@@ -48,3 +48,36 @@ def test_every_patch_module_is_documented_with_what_why_how_upstream():
     for entry in entries:
         for field in ("What:", "Why:", "How:", "Upstream:"):
             assert field in entry, (entry.split("``")[0], field)
+
+
+def test_every_mamba_builder_that_reuses_metadata_is_switched_off_for_our_spec():
+    """``update_block_table`` re-reads state indices from a raw block table in upstream's layout:
+    every builder class that overrides it and lives beside the state-index lookup's importers
+    (or derives from one of their builders) gets the constructor wrapper."""
+    import inspect
+    import pkgutil
+
+    import vllm.v1.attention.backends as backends
+
+    from vllm_lighter_mamba.patch.patch_attention_backends import builder_classes
+
+    install_patches()
+    wrapped = builder_classes()
+    assert all(getattr(cls.__init__, "__lighter_mamba_original__", None) is not None for cls in wrapped)
+    missing = []
+    for info in pkgutil.iter_modules(backends.__path__):
+        name = f"{backends.__name__}.{info.name}"
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # a backend whose kernels this machine lacks (FlashInfer, Triton, ...)
+            assert "mamba" not in name and "gdn" not in name and name not in BUILDER_MODULES, name
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or "update_block_table" not in cls.__dict__:
+                continue
+            mamba_side = module.__name__ in BUILDER_MODULES or any(issubclass(cls, w) for w in wrapped)
+            if mamba_side and not any(issubclass(cls, w) for w in wrapped):
+                missing.append(cls.__qualname__)
+            if "mamba" in module.__name__ or "gdn" in module.__name__:
+                assert any(issubclass(cls, w) for w in wrapped), cls.__qualname__
+    assert missing == []

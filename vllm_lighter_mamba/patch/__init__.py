@@ -94,11 +94,18 @@ Front end (serving)
 Workers (per step)
 ------------------
 ``patch_attention_backends`` -> ``mamba_get_block_table_tensor`` as imported by
-``vllm.v1.attention.backends.{gdn_attn, mamba_attn, linear_attn, short_conv_attn}``
-    What: state indices from our gather kernel (Triton on GPU, numba on CPU) for our spec.
-    Why: the builders must read and write the block of this step in our layout.
-    How: the imported name is rebound in each module; other specs go to upstream's.
-    Upstream: dispatch on the spec in ``mamba_get_block_table_tensor``.
+``vllm.v1.attention.backends.{gdn_attn, mamba_attn, linear_attn, short_conv_attn}``, and the
+constructors of those modules' metadata builders
+    What: state indices from our gather kernel (Triton on GPU, numba on CPU) for our spec;
+    builders of our spec do not reuse another group's metadata (``supports_update_block_table``
+    off).
+    Why: the builders must read and write the block of this step in our layout;
+    ``update_block_table`` (GDN and Mamba builders on CUDA) re-reads a group's indices from
+    its raw block table in upstream's layout, the running block in column 0.
+    How: the imported name is rebound in each module, other specs go to upstream's; the
+    constructors are wrapped (upstream runs first, the flag is set off for our spec only).
+    Upstream: dispatch on the spec in ``mamba_get_block_table_tensor`` and in
+    ``update_block_table``.
 
 ``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs``,
 ``._update_states_after_model_execute`` and ``.initialize_kv_cache``
