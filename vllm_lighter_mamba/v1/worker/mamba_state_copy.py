@@ -3,12 +3,14 @@
 A request's state lives in one block; when the block of its running position changes (a
 chunk starting at a boundary, a prefix hit, decode crossing a boundary) the kernels of this
 step must find the previous state in the new block. ``MambaStateCopier`` is built once per
-runner when the KV cache exists and runs after ``_prepare_inputs`` every step:
+worker when the KV cache exists and runs every step once the batch's block tables are in
+place (V1 runner: after ``_prepare_inputs``; Model Runner V2: in
+``MambaHybridModelState.preprocess_state``), unless the host's counts show that no request
+moves:
 
 - GPU: one Triton launch plans and copies for every state tensor of every lighter group,
   from the runner's persistent device buffers (block tables, ``seq_lens``, scheduled
-  tokens), queued on the forward stream. The host reads no device value and copies
-  nothing to the device.
+  tokens), queued on the forward stream. The host reads no device value.
 - CPU: the same plan with numba from the same (CPU) buffers, then one indexed copy per
   state tensor, only on steps where some request moves.
 
