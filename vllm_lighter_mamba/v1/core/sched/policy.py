@@ -102,7 +102,8 @@ def align_chunk_end(
         if start < shared_prefix_boundary < end
         else 0,
     )
-    return min((s for s in stops if start < s < end), default=end)
+    # (A chunk floored below a mid-block start is empty, as upstream's max(end - start, 0).)
+    return max(min((s for s in stops if start < s < end), default=end), start)
 
 
 def block_aligned_chunk_len(
