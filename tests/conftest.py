@@ -15,6 +15,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # vLLM's CPU backend reserves most of the machine's RAM for KV cache by default.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A retention bookkeeping bug fails the test that hits it (outside tests it switches the
+# policy off: v1/core/retention_guard.py). The failure-injection tests turn this off.
+os.environ.setdefault("LIGHTER_MAMBA_RETENTION_STRICT", "1")
 
 MODEL_CACHE = Path(os.environ.get("LIGHTER_MAMBA_MODEL_CACHE", Path(__file__).parent.parent / ".tiny_models"))
 

@@ -67,16 +67,24 @@ async def client_loop(client, model, deadline, rng, reference, stats):
         stats["latencies"].append(latency)
 
 
-async def run_stress(base_url, model):
+async def reference_ids(base_url, model) -> list[list[int]]:
+    """Each prompt alone, one at a time."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    # Reference: each prompt alone, one at a time.
     reference = []
     for prompt in PROMPTS:
         tokens = await generate_ids(client, model, prompt)
         assert len(tokens) == MAX_TOKENS
         reference.append(tokens)
+    await client.close()
+    return reference
+
+
+async def run_stress(base_url, model, reference):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
     stats = {"completed": 0, "cancelled": 0, "checked": 0, "latencies": [], "mismatches": []}
     start = time.perf_counter()
     deadline = start + SECONDS
@@ -92,9 +100,14 @@ def test_stress_streaming_cancellations_preemption(qwen3_next_dir, tmp_path):
     args = cpu_serve_args() + ["--max-num-batched-tokens", "1024", "--max-model-len", "2048",
                                "--max-num-seqs", "32", "--num-gpu-blocks-override", "48"]
     lighter = os.environ.get("LIGHTER_MAMBA_STRESS_MODE", "lighter") == "lighter"
+    # The reference is not the server under test: the same prompts, one at a time, from a
+    # server with prefix caching off (a wrong cached state would be in a reference taken from
+    # the lighter server itself).
+    with serve(qwen3_next_dir, args + ["--no-enable-prefix-caching"], lighter=False) as base_url:
+        reference = asyncio.run(reference_ids(base_url, qwen3_next_dir))
     with serve(qwen3_next_dir, args, lighter=lighter, log_path=str(log)) as base_url:
         before = metrics(base_url)
-        stats = asyncio.run(run_stress(base_url, qwen3_next_dir))
+        stats = asyncio.run(run_stress(base_url, qwen3_next_dir, reference))
         time.sleep(2)
         with urllib.request.urlopen(base_url + "/health", timeout=10) as response:
             assert response.status == 200

@@ -18,42 +18,25 @@ from vllm.v1.core import block_pool as upstream
 from vllm.v1.core.kv_cache_utils import get_group_id
 
 from vllm_lighter_mamba.patch._util import original, replace_attr
-from vllm_lighter_mamba.v1.core.block_pool_retention import remove_retention, retention_of
+from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
+from vllm_lighter_mamba.v1.core.retention_guard import with_retention
 from vllm_lighter_mamba.v1.metrics.counters import engine_counters, primary_group
 
 logger = init_logger("vllm.lighter_mamba")
 
 
-def _policy_failed(pool: Any, error: BaseException) -> None:
-    logger.exception(
-        "lighter Mamba cache: the state retention policy failed (%r); this engine continues "
-        "with vLLM's LRU eviction order",
-        error,
-    )
-    remove_retention(pool)
-
-
 def _get_new_blocks(self: Any, num_blocks: int) -> list:
-    retention = retention_of(self)
-    if retention is not None:
-        try:
-            retention.before_allocation(num_blocks)
-        except Exception as error:
-            _policy_failed(self, error)
+    with_retention(self, "before_allocation", lambda policy: policy.before_allocation(num_blocks), None)
     return original(upstream.BlockPool, "get_new_blocks")(self, num_blocks)
 
 
 def _free_blocks(self: Any, ordered_blocks: Iterable[Any], **kwargs: Any) -> None:
     # ``kwargs``: upstream's options as the caller gives them (vLLM 0.34's ``evict_first``).
-    retention = retention_of(self)
-    if retention is None:
+    if retention_of(self) is None:
         return original(upstream.BlockPool, "free_blocks")(self, ordered_blocks, **kwargs)
     blocks = list(ordered_blocks)  # upstream consumes the iterable; we look at it after
     original(upstream.BlockPool, "free_blocks")(self, blocks, **kwargs)
-    try:
-        retention.after_free(blocks)
-    except Exception as error:
-        _policy_failed(self, error)
+    with_retention(self, "after_free", lambda policy: policy.after_free(blocks), None)
     return None
 
 
@@ -67,12 +50,8 @@ def _maybe_evict_cached_block(self: Any, block: Any) -> bool:
         if is_state:
             counters.states_evicted += 1
             counters.states_held -= 1
-        retention = retention_of(self)
-        try:
-            reason = retention.after_evict(block, key) if retention is not None else "lru"
-            counters.record_eviction(reason)
-        except Exception as error:
-            _policy_failed(self, error)
+        reason = with_retention(self, "after_evict", lambda policy: policy.after_evict(block, key), "lru")
+        counters.record_eviction(reason)
     return evicted
 
 
@@ -80,9 +59,7 @@ def _reset_prefix_cache(self: Any) -> bool:
     done = original(upstream.BlockPool, "reset_prefix_cache")(self)
     if done and primary_group(self) is not None:
         engine_counters(self).states_held = 0
-        retention = retention_of(self)
-        if retention is not None:
-            retention.clear()
+        with_retention(self, "reset_prefix_cache", lambda policy: policy.clear(), None)
     return done
 
 

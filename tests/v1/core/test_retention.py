@@ -390,20 +390,87 @@ def test_align_under_pressure_is_vllms_own(qwen3_next_dir):
     assert pool_state(stock) == pool_state(patched)  # the same LRU order, the same cached blocks
 
 
-def test_policy_off_leaves_lrus_order_and_failures_turn_it_off(qwen3_next_dir, monkeypatch):
-    kwargs = {"block_size": 16, "max_num_batched_tokens": 64, "num_blocks": 70, "num_mamba_groups": 3}
-    off = replay("lighter:off", pressure_trace(), qwen3_next_dir, **kwargs)
+def test_policy_off_leaves_lrus_order(qwen3_next_dir):
+    off = replay("lighter:off", pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert retention_of(off.scheduler.kv_cache_manager.block_pool) is None
     assert off.scheduler.lighter_counters.evicted_pages_lru > 0
-    on = replay("lighter", pressure_trace(), qwen3_next_dir, **kwargs)
+    on = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert on.outputs == off.outputs and on.chunks != off.chunks  # other victims, same tokens
+
+
+PRESSURE = {"block_size": 16, "max_num_batched_tokens": 64, "num_blocks": 70, "num_mamba_groups": 3}
+ENTRY_POINTS = (
+    "before_allocation", "after_free", "after_evict", "state_cached", "state_hit", "request_released"
+)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_failure_at_any_entry_point_turns_the_policy_off(qwen3_next_dir, monkeypatch, entry):
+    """Issue 29: a bookkeeping bug at any of the policy's entry points (pool side and manager
+    side) stops nothing: every request finishes with its tokens, every block is back in the
+    pool, the policy is off for that engine, one log line and the retention_failures counter
+    say so. (Outside strict mode, the suite's default.)"""
+    monkeypatch.setenv("LIGHTER_MAMBA_RETENTION_STRICT", "0")
+    calls = []
+    upstream = getattr(block_pool_retention.StateRetention, entry)
+
+    def broken(self, *args, **kwargs):
+        calls.append(entry)
+        if len(calls) == 3:  # mid-run, once the policy has state to lose
+            raise RuntimeError("bookkeeping bug")
+        return upstream(self, *args, **kwargs)
+
+    monkeypatch.setattr(block_pool_retention.StateRetention, entry, broken)
+    failed = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    assert len(calls) == 3  # it raised once, and was not called after
+    pool = failed.scheduler.kv_cache_manager.block_pool
+    assert retention_of(pool) is None
+    assert engine_counters(pool).retention_failures == 1
+    reference = replay("lighter:off", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    assert failed.outputs == reference.outputs  # (the simulator's model is a function of tokens)
+    check_all_returned(failed.scheduler)
+
+
+def test_strict_mode_raises_the_bookkeeping_error(qwen3_next_dir, monkeypatch):
+    monkeypatch.setenv("LIGHTER_MAMBA_RETENTION_STRICT", "1")
 
     def broken(self, blocks):
         raise RuntimeError("bookkeeping bug")
 
     monkeypatch.setattr(block_pool_retention.StateRetention, "after_free", broken)
-    failed = replay("lighter", pressure_trace(), qwen3_next_dir, **kwargs)
-    # The engine went on in vLLM's order: same decisions as with the policy off.
-    assert retention_of(failed.scheduler.kv_cache_manager.block_pool) is None
-    assert failed.chunks == off.chunks and failed.cached_per_request == off.cached_per_request
+    with pytest.raises(RuntimeError, match="bookkeeping bug"):
+        replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+
+
+def test_a_bad_victim_leaves_the_free_queue_as_it_was(qwen3_next_dir, monkeypatch):
+    """before_allocation moves victims all or nothing: a pick that is not a free-queue member
+    (here a block in use, added to real victims) raises before the queue is touched."""
+    monkeypatch.setenv("LIGHTER_MAMBA_RETENTION_STRICT", "0")
+    upstream_pick = block_pool_retention.StateRetention._pick
+    upstream_before = block_pool_retention.StateRetention.before_allocation
+    raised = []
+
+    def bad_pick(self, count):
+        victims = upstream_pick(self, count)
+        in_use = next((b for b in self.pool.blocks if b.ref_cnt > 0 and not b.is_null), None)
+        return victims + [in_use] if victims and in_use is not None else victims
+
+    def snapshot(pool):
+        queue = pool.free_block_queue
+        return [b.block_id for b in queue.get_all_free_blocks()], queue.num_free_blocks
+
+    def checked_before_allocation(self, num_blocks):
+        before = snapshot(self.pool)
+        try:
+            upstream_before(self, num_blocks)
+        except RuntimeError:
+            raised.append(snapshot(self.pool) == before)  # the queue exactly as it was
+            raise
+
+    monkeypatch.setattr(block_pool_retention.StateRetention, "_pick", bad_pick)
+    monkeypatch.setattr(block_pool_retention.StateRetention, "before_allocation", checked_before_allocation)
+    failed = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    assert raised == [True]
+    pool = failed.scheduler.kv_cache_manager.block_pool
+    assert retention_of(pool) is None and engine_counters(pool).retention_failures == 1
     check_all_returned(failed.scheduler)

@@ -334,6 +334,14 @@ class StateRetention:
         victims = self._pick(to_evict)
         if not victims:
             return
+        # All or nothing: every victim is checked before the queue is touched, so a bad pick
+        # raises (and the guard turns the policy off) with vLLM's free queue as it was.
+        seen: set[int] = set()
+        for block in victims:
+            if (block.ref_cnt != 0 or block.block_id in seen
+                    or block.prev_free_block is None or block.next_free_block is None):
+                raise RuntimeError(f"retention picked block {block.block_id}, not a free-queue member")
+            seen.add(block.block_id)
         for block in victims:
             queue.remove(block)
         queue.prepend_n(victims)

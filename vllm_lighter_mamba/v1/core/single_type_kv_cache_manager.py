@@ -35,6 +35,7 @@ from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
+from vllm_lighter_mamba.v1.core.retention_guard import with_retention
 from vllm_lighter_mamba.v1.metrics.counters import claim_primary_group, engine_counters, primary_group
 
 
@@ -148,15 +149,21 @@ class LighterMambaManager(MambaManager):
             state = self.states.get(request.request_id)
             if state is not None and state.request is None:
                 state.request = request
-            retention = retention_of(self.block_pool)
-            if retention is not None:
+            drop = self.drop_eagle_checkpoint_block
+
+            def tell_cached(policy: Any) -> None:
                 for index in cached:
-                    retention.state_cached(request, index, self.drop_eagle_checkpoint_block)
+                    policy.state_cached(request, index, drop)
+
+            with_retention(self.block_pool, "state_cached", tell_cached, None)
         hit = self._hits.pop(request.request_id, None) if self._hits else None
-        if hit is not None and (retention := retention_of(self.block_pool)) is not None:
+        if hit is not None:
             # The deepest hit this prompt allows (vLLM recomputes at least the last token).
             deepest = (request.num_tokens - 1) // self.block_size * self.block_size
-            retention.state_hit(hit[0], repeat=hit[1] >= deepest)
+            block_hash, repeat = hit[0], hit[1] >= deepest
+            with_retention(
+                self.block_pool, "state_hit", lambda policy: policy.state_hit(block_hash, repeat=repeat), None
+            )
 
     def add_local_computed_blocks(
         self,
@@ -317,9 +324,11 @@ class LighterMambaManager(MambaManager):
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self._hits.pop(request_id, None)
         state = self.states.pop(request_id, None)
-        if state is not None and state.request is not None:
-            retention = retention_of(self.block_pool)
-            if retention is not None and primary_group(self.block_pool) == self.kv_cache_group_id:
-                retention.request_released(state.request, self.drop_eagle_checkpoint_block)
+        primary = primary_group(self.block_pool) == self.kv_cache_group_id
+        if state is not None and state.request is not None and primary:
+            request, drop = state.request, self.drop_eagle_checkpoint_block
+            with_retention(
+                self.block_pool, "request_released", lambda p: p.request_released(request, drop), None
+            )
         detached = [block for _, block in state.detached] if state is not None else []
         return detached + super().pop_blocks_for_free(request_id)

@@ -43,6 +43,9 @@ class LighterMambaCounters:
     # Prompt tokens whose attention KV was cached but that had no Mamba state at that
     # boundary, so they were recomputed (the silent 0%-hit case of vLLM #45238).
     lost_hit_tokens: int = 0
+    # The retention policy failed and was switched off for this engine (vLLM's LRU order from
+    # then on; v1/core/retention_guard.py).
+    retention_failures: int = 0
 
     def record_admission(self, hit_tokens: int, shared_prefix_boundary: int) -> None:
         if hit_tokens > 0:

@@ -28,6 +28,7 @@ DOCS = {
     "lost_hit_tokens": "Prompt tokens with cached attention KV but no Mamba state at that "
     "boundary (recomputed)",
     "states_held": "Mamba boundary states in the prefix cache now",
+    "retention_failures": "Times the retention policy failed and was switched off (LRU order since)",
     "states_admitted": "Boundary states kept for later requests once their request moved on",
     "states_dropped": "Boundary states put first in line for eviction (no later request expected "
     "to resume from them)",
