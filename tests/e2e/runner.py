@@ -124,13 +124,13 @@ def rank_state(worker) -> dict:
     """Runs on every worker (``collective_rpc``): which model runner it has, what this rank's
     state copier did and the shapes of the state shards it moved (V1 keeps the copier on the
     runner, Model Runner V2 on its model state)."""
-    from vllm_lighter_mamba.patch import patch_gpu_model_runner, patch_mamba_hybrid
+    from vllm_lighter_mamba.v1.worker.mamba_state_copy import COPIER_ATTR
 
     runner = worker.model_runner
     model_state = getattr(runner, "model_state", None)
-    copier = runner.__dict__.get(patch_gpu_model_runner.COPIER)
+    copier = runner.__dict__.get(COPIER_ATTR)
     if copier is None and model_state is not None:
-        copier = model_state.__dict__.get(patch_mamba_hybrid.COPIER)
+        copier = model_state.__dict__.get(COPIER_ATTR)
     state = {"runner": f"{type(runner).__module__}.{type(runner).__name__}", "copier": copier is not None}
     if copier is None:
         return state

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from vllm.logger import init_logger
 from vllm.v1.core import block_pool as upstream
 from vllm.v1.core.kv_cache_utils import get_group_id
 
@@ -21,8 +20,6 @@ from vllm_lighter_mamba.patch._util import original, replace_attr
 from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 from vllm_lighter_mamba.v1.core.retention_guard import with_retention
 from vllm_lighter_mamba.v1.metrics.counters import engine_counters, primary_group
-
-logger = init_logger("vllm.lighter_mamba")
 
 
 def _get_new_blocks(self: Any, num_blocks: int) -> list:

@@ -14,11 +14,9 @@ try:
 except ImportError:  # vLLM 0.34 has only Model Runner V2 (patch_mamba_hybrid)
     upstream = None
 
-from vllm_lighter_mamba.ops.state_indices import warm_up_state_indices
 from vllm_lighter_mamba.patch._util import original, replace_attr
+from vllm_lighter_mamba.v1.worker.mamba_state_copy import COPIER_ATTR as COPIER
 from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, lighter_groups
-
-COPIER = "_lighter_mamba_state_copier"
 
 
 def _tables(runner: Any, copier: MambaStateCopier, num_reqs: int) -> list[Any]:
@@ -74,16 +72,12 @@ def _wrap_initialize_kv_cache(initialize_kv_cache: Any) -> Any:
     @functools.wraps(initialize_kv_cache)
     def initialize_kv_cache_and_copier(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any):
         result = initialize_kv_cache(self, kv_cache_config, *args, **kwargs)
-        groups = lighter_groups(kv_cache_config)
         copier = None
-        if groups:
+        if lighter_groups(kv_cache_config):
             forward_context = self.compilation_config.static_forward_context
             copier = MambaStateCopier(forward_context, kv_cache_config, self.device, self.model)
-        self.__dict__[COPIER] = copier
-        for num_spec in sorted({spec.num_speculative_blocks for _, spec, _ in groups}):
-            warm_up_state_indices(self.device, num_spec)
-        if copier is not None:
             copier.warm_up(_tables(self, copier, 1), self.seq_lens.dtype)
+        self.__dict__[COPIER] = copier
         return result
 
     return initialize_kv_cache_and_copier

@@ -18,11 +18,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from vllm_lighter_mamba.ops.state_indices import warm_up_state_indices
 from vllm_lighter_mamba.patch._util import original, replace_attr
+from vllm_lighter_mamba.v1.worker.mamba_state_copy import COPIER_ATTR as COPIER
 from vllm_lighter_mamba.v1.worker.mamba_state_copy import MambaStateCopier, lighter_groups
 
-COPIER = "_lighter_mamba_state_copier"
 SETTLE = "_lighter_mamba_settle_inputs"
 
 
@@ -61,13 +60,10 @@ def _wrap_initialize_kv_cache(initialize_kv_cache: Any) -> Any:
     @functools.wraps(initialize_kv_cache)
     def initialize_kv_cache_and_copier(self: Any, kv_cache_config: Any, block_tables: Any) -> None:
         initialize_kv_cache(self, kv_cache_config, block_tables)
-        groups = lighter_groups(kv_cache_config)
         copier = None
-        if groups:
+        if lighter_groups(kv_cache_config):
             forward_context = self.vllm_config.compilation_config.static_forward_context
             copier = MambaStateCopier(forward_context, kv_cache_config, self.device, self.model)
-            for num_spec in sorted({spec.num_speculative_blocks for _, spec, _ in groups}):
-                warm_up_state_indices(self.device, num_spec)
             copier.warm_up([block_tables.input_block_tables[g] for g, _, _ in copier.groups], torch.int32)
         self.__dict__[COPIER] = copier
 
@@ -85,8 +81,6 @@ def _wrap_preprocess_state(preprocess_state: Any) -> Any:
         num_reqs = input_batch.num_reqs
         if copier is None or num_reqs == 0:
             return
-        tables = [block_tables[g][:num_reqs] for g, _, _ in copier.groups]
-        seq_lens = input_batch.seq_lens[:num_reqs]
         if copier.num_spec:
             # prepare_attn hands num_accepted_tokens to the kernels as "read the initial state
             # from column accepted - 1"; the lighter layout keeps the running state in column 0
@@ -95,6 +89,8 @@ def _wrap_preprocess_state(preprocess_state: Any) -> Any:
         computed = input_batch.num_computed_tokens_np[:num_reqs]
         if not copier.may_move(computed, input_batch.num_scheduled_tokens[:num_reqs]):
             return
+        tables = [block_tables[g][:num_reqs] for g, _, _ in copier.groups]
+        seq_lens = input_batch.seq_lens[:num_reqs]
         start = input_batch.query_start_loc
         query_lens = start[1 : num_reqs + 1] - start[:num_reqs]
         copier.copy(tables, seq_lens, query_lens)

@@ -29,8 +29,11 @@ import numpy as np
 import torch
 
 from vllm_lighter_mamba.ops.spec_settle import SettleMove, settle_moves
-from vllm_lighter_mamba.ops.state_indices import mamba_state_indices
+from vllm_lighter_mamba.ops.state_indices import mamba_state_indices, warm_up_state_indices
 from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
+
+# Where each runner keeps its copier (the V1 runner, Model Runner V2's model state).
+COPIER_ATTR = "_lighter_mamba_state_copier"
 
 
 def lighter_groups(kv_cache_config: Any) -> list[tuple[int, LighterMambaSpec, list[str]]]:
@@ -142,8 +145,10 @@ class MambaStateCopier:
         settle_states_triton(self._entries_for(tables), self._word, seq_lens, query_lens, accepted, drafts)
 
     def warm_up(self, tables: list[torch.Tensor], count_dtype: torch.dtype) -> None:
-        """Compile the copy kernels at start-up (a zero-length request moves nothing).
-        ``tables``: the runner's block tables, at least one row each."""
+        """Compile the gather and copy kernels at start-up (a zero-length request moves
+        nothing). ``tables``: the runner's block tables, at least one row each."""
+        for num_spec in sorted({spec.num_speculative_blocks for _, spec, _ in self.groups}):
+            warm_up_state_indices(tables[0].device, num_spec)
         if self.on_gpu:
             from vllm_lighter_mamba.ops.state_copy_triton import copy_states_triton, settle_states_triton
 
