@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 ARCHS = ("qwen3_next", "nemotron_h", "jamba")
 MODES = ("none", "align", "lighter")
+KV_BYTES = "LIGHTER_MAMBA_GPU_KV_BYTES"
 PREFIX = shared_text(5, 1500)
 WAVES = [
     [PREFIX + " first?"],
@@ -42,6 +43,10 @@ def engine_args(arch: str, eager: bool) -> dict:
     }
     if arch == "qwen3_next":
         args["additional_config"] = {"gdn_prefill_backend": "triton"}
+    # Several tests at once on one GPU (scripts/device_e2e.sh): a fixed pool, because vLLM's
+    # memory profiling would count the other processes' allocations as this one's.
+    if os.environ.get(KV_BYTES):
+        args["kv_cache_memory_bytes"] = int(os.environ[KV_BYTES])
     return args
 
 

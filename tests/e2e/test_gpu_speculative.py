@@ -85,7 +85,6 @@ MAX_TOKENS = 96
 # (test_cpu_speculative).
 DRIFT = 0.15
 FLOAT32 = os.environ.get("LIGHTER_MAMBA_GPU_SPEC_FLOAT32") == "1"
-KV_BYTES = os.environ.get("LIGHTER_MAMBA_GPU_KV_BYTES")
 
 
 # The tiny models with an MTP layer: (engine_args' arch, vLLM's architecture).
@@ -99,10 +98,6 @@ def model_args(model: str, eager: bool) -> dict:
     args.setdefault("additional_config", {})
     if FLOAT32:
         args.update(dtype="float32", attention_backend="TRITON_ATTN")
-    # Several cases at once on one GPU: a fixed pool, because vLLM's memory profiling would
-    # count the other processes' allocations as this one's.
-    if KV_BYTES:
-        args["kv_cache_memory_bytes"] = int(KV_BYTES)
     return args
 
 
