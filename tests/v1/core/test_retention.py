@@ -19,12 +19,12 @@ from vllm_lighter_mamba.bench.sim import (
     make_scheduler,
     replay,
 )
+from vllm_lighter_mamba.config import RetentionSettings, parse_settings
 from vllm_lighter_mamba.envs import LighterMambaConfigError
 from vllm_lighter_mamba.patch._util import original
 from vllm_lighter_mamba.v1.core import block_pool_retention
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention, retention_of
 from vllm_lighter_mamba.v1.core.retention_policy import (
-    RetentionSettings,
     checkpoint_budget,
     decode_end_boundary,
     eviction_score,
@@ -32,12 +32,12 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     expected_by_itself,
     expected_by_others,
     is_checkpoint_bet,
-    parse_settings,
     settle_bet,
     state_utility,
 )
 from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions
-from vllm_lighter_mamba.v1.metrics.counters import claim_primary_group, engine_counters
+from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import claim_primary_group
+from vllm_lighter_mamba.v1.metrics.counters import engine_counters
 from vllm_lighter_mamba.v1.metrics.prometheus import LighterMambaMetrics
 
 from .invariants import check_all_returned, check_pool

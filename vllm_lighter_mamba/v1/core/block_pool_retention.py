@@ -40,8 +40,8 @@ from vllm.v1.core.kv_cache_utils import (
     resolve_block_hashes,
 )
 
+from vllm_lighter_mamba.config import RetentionSettings
 from vllm_lighter_mamba.v1.core.retention_policy import (
-    RetentionSettings,
     checkpoint_budget,
     decode_end_boundary,
     eviction_score,
