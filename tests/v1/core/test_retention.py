@@ -177,7 +177,7 @@ def test_victims_in_order_dropped_state_then_ranked_then_attention_past_state():
     a_attention, a_states = p.chain("a", 8, [3, 7])  # 3: a budget chunk end (dropped); 7: kept
     b_attention, b_states = p.chain("b", 4, [3], first_token=500)
     p.drain_free()
-    node_a3 = p.retention.nodes[a_states[3][0].block_hash[:-4]]
+    node_a3 = p.retention.tree.nodes[a_states[3][0].block_hash[:-4]]
     assert not node_a3.resumable and p.counters.states_dropped == 1 and p.counters.states_admitted == 2
     # 1. The dropped state goes first, all three of its pages, although it is more recent
     #    than the older chain's attention.
@@ -205,7 +205,7 @@ def test_state_goes_with_its_attention_prefix():
     # Something else (here vLLM's own API, as a KV connector would) evicts one block in the
     # middle of a's chain: a's state can no longer be reached, nor its deeper attention.
     p.pool.evict_blocks({a_attention[2].block_id})
-    assert p.retention.nodes.get(a_states[7][0].block_hash[:-4]) is None
+    assert p.retention.tree.nodes.get(a_states[7][0].block_hash[:-4]) is None
     p.pool.get_new_blocks(3)
     assert not any(b.block_hash for b in a_states[7])
     assert p.evicted() == {"lru": 1, "orphan_state": 3}  # (the connector's eviction: lru)
@@ -222,9 +222,9 @@ def test_blocks_in_use_are_never_victims():
     assert cached(a_states[1]) and not any(b.block_hash for b in a_states[3])
     assert {b.block_id for b in got} == {b.block_id for b in a_states[3]}
     p.pool.free_blocks(a_states[1])  # released by a request that resumed from it: now kept
-    assert p.retention.nodes[a_states[1][0].block_hash[:-4]].resumable is False  # (hits mark it
+    assert p.retention.tree.nodes[a_states[1][0].block_hash[:-4]].resumable is False  # (hits mark it
     p.retention.state_hit(a_states[1][0].block_hash[:-4], repeat=False)  # through the manager; see below)
-    assert p.retention.nodes[a_states[1][0].block_hash[:-4]].resumable
+    assert p.retention.tree.nodes[a_states[1][0].block_hash[:-4]].resumable
 
 
 def test_checkpoint_bets_beyond_their_share_go_before_ranked_states():
@@ -234,15 +234,15 @@ def test_checkpoint_bets_beyond_their_share_go_before_ranked_states():
     p = Pool(num_blocks=60, checkpoint_share=0.1)
     _, old = p.chain("old", 4, [3], first_token=500)  # ranked, released first
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints 2, 4, 5 blocks; last 6
-    nodes = {i: p.retention.nodes[cold[i][0].block_hash[:-4]] for i in cold}
+    nodes = {i: p.retention.tree.nodes[cold[i][0].block_hash[:-4]] for i in cold}
     assert [nodes[i].bet for i in (1, 3, 4, 5)] == [True, True, True, False]
-    assert len(p.retention.bets) == 3
+    assert len(p.retention.tiers.bets) == 3
     p.drain_free()
     p.pool.get_new_blocks(3)  # one checkpoint bet too many: the oldest goes
     assert not any(b.block_hash for b in cold[1]) and cached(cold[3]) and cached(old[3])
     assert p.evicted() == {"unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # a follower resumed there
-    assert not nodes[4].bet and len(p.retention.bets) == 1
+    assert not nodes[4].bet and len(p.retention.tiers.bets) == 1
     p.pool.get_new_blocks(3)  # within their share: ranking as usual (the oldest state)
     assert cached(cold[3]) and not any(b.block_hash for b in old[3])
     assert p.evicted() == {"unproven_checkpoint": 3, "ranked_state": 3}
@@ -257,14 +257,14 @@ def test_checkpoints_that_serve_no_follower_lose_their_share():
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints after blocks 1, 3, 4
     p.drain_free()
     p.pool.evict_blocks({cold[1][0].block_id})  # lost (as a connector would evict it)
-    assert (p.retention.bets_won, p.retention.bets_lost) == (0.0, 1.0)
+    assert (p.retention.tiers.bets_won, p.retention.tiers.bets_lost) == (0.0, 1.0)
     # The lost state's other two pages first, then of the 2 checkpoints left (share: 20 x 0
     # won) the oldest, before the older ranked state.
     p.pool.get_new_blocks(5)
     assert not any(b.block_hash for b in cold[3]) and cached(cold[4]) and cached(old[3])
     assert p.evicted() == {"lru": 1, "orphan_state": 2, "unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # won: no bet any more
-    assert p.retention.bets_won == 1.0 and not p.retention.bets
+    assert p.retention.tiers.bets_won == 1.0 and not p.retention.tiers.bets
 
 
 def test_bet_record_and_share():
@@ -297,7 +297,7 @@ def test_a_partial_state_goes_first():
 
 def node_at(scheduler, request, position):
     retention = retention_of(scheduler.kv_cache_manager.block_pool)
-    return retention.nodes.get(request.block_hashes[position // 16 - 1])
+    return retention.tree.nodes.get(request.block_hashes[position // 16 - 1])
 
 
 def test_admission_decisions_in_a_replay(qwen3_next_dir):
