@@ -67,3 +67,4 @@ def check_all_returned(scheduler) -> None:
     for manager in scheduler.kv_cache_manager.coordinator.single_type_managers:
         assert not any(manager.req_to_blocks.values())
         assert not getattr(manager, "states", {}), "per-request manager state leaked"
+    assert not len(getattr(scheduler, "lighter_plans", ())), "per-request retention plans leaked"

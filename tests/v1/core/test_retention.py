@@ -24,6 +24,7 @@ from vllm_lighter_mamba.envs import LighterMambaConfigError
 from vllm_lighter_mamba.patch._util import original
 from vllm_lighter_mamba.v1.core import block_pool_retention
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention, retention_of
+from vllm_lighter_mamba.v1.core.retention_plan import RetentionPlans, plan_request
 from vllm_lighter_mamba.v1.core.retention_policy import (
     checkpoint_budget,
     decode_end_boundary,
@@ -118,7 +119,9 @@ class Pool:
         claim_primary_group(self.pool, MAMBA[0])
         self.counters = engine_counters(self.pool)
         settings = RetentionSettings(alpha, checkpoint_share)
-        self.retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, self.counters)
+        self.plans = RetentionPlans()
+        counters = self.counters
+        self.retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, counters, self.plans)
         self.held: list = []
 
     def chain(self, rid: str, num_blocks: int, states: list[int], first_token: int = 1, cold: bool = False):
@@ -128,8 +131,10 @@ class Pool:
         prompt's last boundary (admitted); others are budget chunk ends (dropped)."""
         tokens = list(range(first_token, first_token + num_blocks * BS + 1))
         request = make_request(SimRequest(rid, tokens, 1), BS)
-        if cold:  # as the scheduler marks a prompt that found nothing cached
-            request.lighter_mamba_stops = tuple(checkpoint_positions(num_blocks * BS, BS))
+        if cold:  # as the scheduler plans a prompt that found nothing cached
+            checkpoints = tuple(checkpoint_positions(num_blocks * BS, BS))
+            plan = plan_request(len(tokens), 1, BS, False, stops=checkpoints, checkpoints=checkpoints)
+            self.plans.set(rid, plan)
         attention = self.pool.get_new_blocks(num_blocks)
         self.pool.cache_full_blocks(request, attention, 0, num_blocks, BS, ATTENTION[0])
         state_pages = {}

@@ -10,10 +10,10 @@ then evicts them as usual. An allocation that evicts nothing (free, never-cached
 at the front) is untouched, so without memory pressure the pool behaves exactly as vLLM's.
 
 Per pool, :class:`StateRetention` ties together the prefix tree of cached states
-(``retention_tree.py``) and the eviction tiers (``retention_tiers.py``); the policy's rules
-are pure functions in ``retention_policy.py``. Work happens when a state is cached (per block
-boundary a request crosses, not per step), when blocks are released, and when an allocation
-evicts.
+(``retention_tree.py``), the eviction tiers (``retention_tiers.py``) and the scheduler's
+per-request plans (``retention_plan.py``); the policy's rules are pure functions in
+``retention_policy.py``. Work happens when a state is cached (per block boundary a request
+crosses, not per step), when blocks are released, and when an allocation evicts.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from vllm.v1.core.kv_cache_utils import (
 )
 
 from vllm_lighter_mamba.config import RetentionSettings
+from vllm_lighter_mamba.v1.core.retention_plan import RetentionPlan, RetentionPlans, plan_request
 from vllm_lighter_mamba.v1.core.retention_policy import (
-    decode_end_boundary,
     expected_by_itself,
     expected_by_others,
     is_checkpoint_bet,
 )
 from vllm_lighter_mamba.v1.core.retention_tiers import EvictionTiers
 from vllm_lighter_mamba.v1.core.retention_tree import PrefixTree
-from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions, last_cache_position
+from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
 
 _ATTR = "_lighter_mamba_retention"
 
@@ -55,6 +55,7 @@ class StateRetention:
         mamba_groups: Iterable[int],
         settings: RetentionSettings,
         counters: Any,
+        plans: RetentionPlans,
     ) -> None:
         self.pool = pool
         self.block_size = block_size
@@ -64,6 +65,7 @@ class StateRetention:
         self.attention_set = frozenset(self.attention_groups)
         self.mamba_set = frozenset(self.mamba_groups)
         self.counters = counters
+        self.plans = plans
         self.tiers = EvictionTiers(
             block_size, len(self.mamba_groups), len(self.attention_groups), settings.alpha,
             settings.checkpoint_share, counters,
@@ -78,6 +80,13 @@ class StateRetention:
         self.tiers.clear()
         self.pending = {}
 
+    def _plan(self, request: Any, use_eagle: bool) -> RetentionPlan:
+        """The scheduler's plan for ``request`` (one without stops if it made none)."""
+        plan = self.plans.get(request.request_id)
+        if plan is None:
+            plan = plan_request(request.num_prompt_tokens, request.max_tokens, self.block_size, use_eagle)
+        return plan
+
     # --- called by the Mamba manager ------------------------------------------------------
 
     def state_cached(self, request: Any, index: int, use_eagle: bool) -> None:
@@ -88,15 +97,13 @@ class StateRetention:
         if not node.resumable:
             bs = self.block_size
             position = (index + 1) * bs
-            stops = tuple(getattr(request, "lighter_mamba_stops", ()))
-            last = last_cache_position(request.num_prompt_tokens, bs, use_eagle)
+            plan = self._plan(request, use_eagle)
             shared = expected_by_others(
-                position, block_size=bs, shared_prefix_boundary=request.shared_prefix_boundary, stops=stops
+                position, block_size=bs, shared_prefix_boundary=request.shared_prefix_boundary,
+                stops=plan.stops,
             )
             own = expected_by_itself(
-                position,
-                last_prompt_boundary=last,
-                decode_end=decode_end_boundary(request.num_prompt_tokens, request.max_tokens, bs, use_eagle),
+                position, last_prompt_boundary=plan.last_prompt_boundary, decode_end=plan.decode_end
             )
             node.resumable = shared or own
             node.provisional = own and not shared
@@ -104,9 +111,7 @@ class StateRetention:
             # The checkpoints as the scheduler chose them at the request's first admission.
             junction = request.shared_prefix_boundary - request.shared_prefix_boundary % bs
             node.bet = (
-                not own
-                and position != junction
-                and is_checkpoint_bet(position, stops, tuple(checkpoint_positions(last, bs)))
+                not own and position != junction and is_checkpoint_bet(position, plan.stops, plan.checkpoints)
             )
 
     def state_hit(self, block_hash: BlockHash, repeat: bool) -> None:
@@ -129,7 +134,7 @@ class StateRetention:
         ranked afresh."""
         bs = self.block_size
         deepest = last_cache_position(request.num_computed_tokens, bs, use_eagle) // bs - 1
-        last = last_cache_position(request.num_prompt_tokens, bs, use_eagle) // bs - 1
+        last = self._plan(request, use_eagle).last_prompt_boundary // bs - 1
         hashes = resolve_block_hashes(request.block_hashes, self.pool.hash_block_size, bs)
         for index in {deepest, last}:
             if not 0 <= index < len(hashes):
@@ -255,8 +260,9 @@ def install_retention(
     mamba_groups: list[int],
     settings: RetentionSettings,
     counters: Any,
+    plans: RetentionPlans,
 ) -> StateRetention:
-    retention = StateRetention(pool, block_size, attention_groups, mamba_groups, settings, counters)
+    retention = StateRetention(pool, block_size, attention_groups, mamba_groups, settings, counters, plans)
     setattr(pool, _ATTR, retention)
     return retention
 

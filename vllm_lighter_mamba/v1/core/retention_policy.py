@@ -1,8 +1,9 @@
 """Which cached boundary states to keep, and what to evict first: the lighter cache's
 retention policy, as pure functions. The bookkeeping that applies it: the prefix tree of
-cached states (``retention_tree.py``), the eviction tiers (``retention_tiers.py``) and the
-adapter to vLLM's block pool (``block_pool_retention.py``); its settings (``alpha``,
-``checkpoint_share``) are parsed in ``vllm_lighter_mamba/config.py``.
+cached states (``retention_tree.py``), the eviction tiers (``retention_tiers.py``), the
+scheduler's per-request plans (``retention_plan.py``) and the adapter to vLLM's block pool
+(``block_pool_retention.py``); its settings (``alpha``, ``checkpoint_share``) are parsed in
+``vllm_lighter_mamba/config.py``.
 
 A cached boundary state is expensive: one page in *every* Mamba KV-cache group (Qwen3-Next-80B:
 3 pages, against one page of attention KV for the same block of tokens), and it is useful only
