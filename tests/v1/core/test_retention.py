@@ -120,8 +120,9 @@ class Pool:
         self.counters = engine_counters(self.pool)
         settings = RetentionSettings(alpha, checkpoint_share)
         self.plans = RetentionPlans()
-        counters = self.counters
-        self.retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, counters, self.plans)
+        retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, self.counters, self.plans)
+        assert retention is not None
+        self.retention = retention
         self.held: list = []
 
     def chain(self, rid: str, num_blocks: int, states: list[int], first_token: int = 1, cold: bool = False):
@@ -295,6 +296,47 @@ def test_a_partial_state_goes_first():
     p.pool.get_new_blocks(2)
     assert not any(b.block_hash for b in a_states[3]) and cached(b_states[3])
     assert p.evicted() == {"ranked_state": 1, "orphan_state": 2}
+
+
+class LruForAllPool(BlockPool):
+    """A block pool whose ``free_blocks`` appends every freed block to the back of the queue,
+    cached or not (a plain LRU queue): what the policy's move to the front cannot work with."""
+
+    def free_blocks(self, ordered_blocks, **kwargs) -> None:
+        freed = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                freed.append(block)
+        self.free_block_queue.append_n(freed)
+
+
+def test_free_queue_order_is_checked_before_the_policy_is_installed(monkeypatch):
+    """The move to the front evicts exactly the victims only while vLLM's free queue keeps
+    never-cached blocks first: the installed vLLM passes the check; a pool that does not keep
+    them first gets no policy, and one log line says so."""
+    install_patches()
+    assert block_pool_retention.free_queue_order_holds(BlockPool)  # (checked once per process)
+    warnings = []
+    monkeypatch.setattr(block_pool_retention.logger, "warning", lambda *args: warnings.append(args))
+    assert not block_pool_retention.free_queue_order_holds(LruForAllPool)
+    pool = LruForAllPool(64, enable_caching=True, hash_block_size=BS)
+    claim_primary_group(pool, MAMBA[0])
+    settings = RetentionSettings()
+    plans = RetentionPlans()
+    assert install_retention(pool, BS, ATTENTION, MAMBA, settings, engine_counters(pool), plans) is None
+    assert retention_of(pool) is None and len(warnings) == 1 and "retention policy off" in warnings[0][0]
+
+
+def test_policy_stays_off_where_the_free_queue_order_does_not_hold(qwen3_next_dir, monkeypatch):
+    """Through the scheduler: the check failing leaves vLLM's LRU order (as the policy off)."""
+    monkeypatch.setattr(block_pool_retention, "free_queue_order_holds", lambda pool_cls: False)
+    unchecked = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    pool = unchecked.scheduler.kv_cache_manager.block_pool
+    assert retention_of(pool) is None and engine_counters(pool).retention_failures == 0
+    off = replay("lighter:off", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    assert unchecked.chunks == off.chunks and unchecked.outputs == off.outputs
+    assert unchecked.scheduler.lighter_counters.as_dict() == off.scheduler.lighter_counters.as_dict()
 
 
 # --- through vLLM's scheduler ------------------------------------------------------------------

@@ -9,6 +9,13 @@ picks to the front of the queue (``FreeKVCacheBlockQueue.remove`` / ``prepend_n`
 then evicts them as usual. An allocation that evicts nothing (free, never-cached blocks are
 at the front) is untouched, so without memory pressure the pool behaves exactly as vLLM's.
 
+That move evicts exactly the victims only because vLLM keeps never-cached free blocks ahead
+of cached ones in the queue (``free_blocks`` prepends the first, appends the second): the
+blocks popped after the victims are then never-cached ones. Otherwise the allocation would
+also evict cached blocks from the front, more than vLLM's own order evicts, so
+:func:`install_retention` checks that on the running vLLM first (:func:`free_queue_order_holds`)
+and leaves the policy off if it does not hold.
+
 Per pool, :class:`StateRetention` ties together the prefix tree of cached states
 (``retention_tree.py``), the eviction tiers (``retention_tiers.py``) and the scheduler's
 per-request plans (``retention_plan.py``); the policy's rules are pure functions in
@@ -18,9 +25,11 @@ crosses, not per step), when blocks are released, and when an allocation evicts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import (
     BlockHash,
     KVCacheBlock,
@@ -42,6 +51,7 @@ from vllm_lighter_mamba.v1.core.retention_tree import PrefixTree
 from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
 
 _ATTR = "_lighter_mamba_retention"
+logger = init_logger("vllm.lighter_mamba")
 
 
 class StateRetention:
@@ -261,7 +271,15 @@ def install_retention(
     settings: RetentionSettings,
     counters: Any,
     plans: RetentionPlans,
-) -> StateRetention:
+) -> StateRetention | None:
+    """The policy on ``pool``; None (policy off, one log line) if vLLM's free queue does not
+    keep never-cached blocks first (see the module docstring)."""
+    if not free_queue_order_holds(type(pool)):
+        logger.warning(
+            "lighter Mamba cache: this vLLM's block pool does not keep never-cached free blocks "
+            "ahead of cached ones; state retention policy off (vLLM's LRU eviction order)"
+        )
+        return None
     retention = StateRetention(pool, block_size, attention_groups, mamba_groups, settings, counters, plans)
     setattr(pool, _ATTR, retention)
     return retention
@@ -270,6 +288,37 @@ def install_retention(
 def remove_retention(pool: Any) -> None:
     if getattr(pool, _ATTR, None) is not None:
         setattr(pool, _ATTR, None)
+
+
+@functools.cache
+def free_queue_order_holds(pool_cls: type) -> bool:
+    """Whether ``pool_cls`` (vLLM's ``BlockPool``) behaves as :meth:`StateRetention.before_allocation`
+    needs, tried once per process on a throwaway pool of five blocks: ``free_blocks`` puts
+    never-cached blocks ahead of cached ones, whatever order they are freed in, and after
+    one cached block is moved to the front (``remove`` / ``prepend_n``), an allocation of
+    three blocks evicts that block and no other cached one."""
+    try:
+        pool = pool_cls(6, enable_caching=True, hash_block_size=1)  # block 0 is the null block
+        blocks = pool.get_new_blocks(5)
+        cached = blocks[:3]
+        for i, block in enumerate(cached):
+            key = make_block_hash_with_group_id(BlockHash(f"free-queue probe {i}".encode()), 0)
+            block.set_block_hash(key)
+            pool.cached_block_hash_to_block.insert(key, block)
+        pool.free_blocks([cached[0], blocks[3], cached[1], blocks[4], cached[2]])
+        order = [block.block_hash is None for block in pool.free_block_queue.get_all_free_blocks()]
+        if order != [True, True, False, False, False]:
+            return False
+        queue = pool.free_block_queue
+        queue.remove(cached[2])
+        queue.prepend_n([cached[2]])
+        taken = {block.block_id for block in pool.get_new_blocks(3)}
+        expected = {cached[2].block_id, blocks[3].block_id, blocks[4].block_id}
+        evicted = [block.block_hash is None for block in cached]
+        return taken == expected and evicted == [False, False, True]
+    except Exception:  # a pool that cannot even run the probe cannot run the policy either
+        logger.exception("lighter Mamba cache: the block pool's free-queue probe failed")
+        return False
 
 
 def blocks_cached_under(cache: Any, key: Any) -> list[KVCacheBlock]:
