@@ -7,17 +7,53 @@ process it starts (engine cores, workers), and read back with :func:`is_active`.
 workers the decision also shapes the Mamba layers' KV-cache spec (``LighterMambaSpec``), so
 code that only sees a spec (the manager lookup, the builders) asks the spec's type.
 
-The rules are pure functions of a config: one line per problem, all raised together.
+The rules are pure functions of a config: one line per problem, all raised together. The
+state retention policy's settings are parsed here too (:func:`parse_settings`), so a bad
+setting is one of those problems; the policy itself (``v1/core``) is not imported here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_lighter_mamba.envs import VARIABLE, LighterMambaConfigError
-from vllm_lighter_mamba.v1.core.retention_policy import SETTINGS_KEY, RetentionSettings, parse_settings
 
 CONFIG_KEY = "lighter_mamba_cache"
+
+# ``additional_config`` key of the state retention policy (``v1/core/retention_policy.py``):
+# "off" turns it off (vLLM's LRU order), a mapping sets its parameters, e.g. {"alpha": 1.0}.
+SETTINGS_KEY = "lighter_mamba_retention"
+
+# Weight of the utility term against recency (``retention_policy.eviction_score``); chosen by
+# the sweep over multi-prefix and multi-turn-sessions in docs/benchmarks.md.
+DEFAULT_ALPHA = 4.0
+
+# Share of the pool that cold-prompt checkpoints nobody resumed from yet may hold under
+# pressure before the oldest go first (docs/benchmarks.md).
+DEFAULT_CHECKPOINT_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    alpha: float = DEFAULT_ALPHA
+    checkpoint_share: float = DEFAULT_CHECKPOINT_SHARE
+
+
+def parse_settings(value: Any) -> RetentionSettings | None:
+    """The policy's settings from ``additional_config[SETTINGS_KEY]`` (None: policy off)."""
+    if value is None:
+        return RetentionSettings()
+    if isinstance(value, str) and value.lower() in ("off", "none", "lru"):
+        return None
+    if isinstance(value, dict) and set(value) <= {"alpha", "checkpoint_share"}:
+        numbers = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if len(numbers) == len(value) and all(v >= 0 for v in numbers.values()):
+            return RetentionSettings(**{k: float(v) for k, v in numbers.items()})
+    raise LighterMambaConfigError(
+        f"additional_config[{SETTINGS_KEY!r}] = {value!r}: expected \"off\" or "
+        '{"alpha": <number >= 0>, "checkpoint_share": <number >= 0>}'
+    )
 
 
 def is_active(vllm_config: Any) -> bool:

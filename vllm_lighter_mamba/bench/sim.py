@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_lighter_mamba.config import CONFIG_KEY
+from vllm_lighter_mamba.config import CONFIG_KEY, SETTINGS_KEY
 
 MODES = ("none", "align", "lighter")
 
@@ -129,8 +129,6 @@ def _vllm_config(
 ):
     """Built once per setting: loading the model's HF config dominates a short replay."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-
-    from vllm_lighter_mamba.v1.core.retention_policy import SETTINGS_KEY
 
     scheduler_config = SchedulerConfig(
         max_num_seqs=min(max_num_seqs, max_num_batched_tokens),

@@ -65,6 +65,7 @@ Engine core
 ``.get_new_blocks``, ``.free_blocks`` and ``.reset_prefix_cache``
     What: count evicted boundary states, states held and evictions by reason; apply the
     state retention policy (``v1/core/retention_policy.py``, bookkeeping in
+    ``v1/core/retention_tree.py`` and ``retention_tiers.py``, applied to the pool by
     ``v1/core/block_pool_retention.py``): right before an allocation evicts, move the
     policy's victims to the front of vLLM's free queue (states no hit can use, attention past
     the deepest cached state, dropped states, then admitted states by recency + utility).

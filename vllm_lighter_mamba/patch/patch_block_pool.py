@@ -19,7 +19,8 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 from vllm_lighter_mamba.patch._util import original, replace_attr
 from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 from vllm_lighter_mamba.v1.core.retention_guard import with_retention
-from vllm_lighter_mamba.v1.metrics.counters import engine_counters, primary_group
+from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import primary_group
+from vllm_lighter_mamba.v1.metrics.counters import engine_counters
 
 
 def _get_new_blocks(self: Any, num_blocks: int) -> list:

@@ -48,12 +48,12 @@ def check_retention(scheduler) -> None:
         assert retention is not None, "the retention policy turned itself off (see the log)"
     if retention is None:
         return
-    for key, node in retention.nodes.items():
+    for key, node in retention.tree.nodes.items():
         assert node.key == key
         assert pool.get_cached_block(key, retention.attention_groups) is not None, "node without attention"
         assert node.state == (pool.get_cached_block(key, retention.mamba_groups) is not None), key
         assert node.live_children == sum(1 for c in node.children if c.live)
-        assert all(c.parent is node and retention.nodes.get(c.key) is c for c in node.children)
+        assert all(c.parent is node and retention.tree.nodes.get(c.key) is c for c in node.children)
         if node.parent is not None:
             assert node in node.parent.children and node.index == node.parent.index + 1
     assert not retention.pending, "victims picked but not evicted"
@@ -67,3 +67,4 @@ def check_all_returned(scheduler) -> None:
     for manager in scheduler.kv_cache_manager.coordinator.single_type_managers:
         assert not any(manager.req_to_blocks.values())
         assert not getattr(manager, "states", {}), "per-request manager state leaked"
+    assert not len(getattr(scheduler, "lighter_plans", ())), "per-request retention plans leaked"

@@ -19,12 +19,13 @@ from vllm_lighter_mamba.bench.sim import (
     make_scheduler,
     replay,
 )
+from vllm_lighter_mamba.config import RetentionSettings, parse_settings
 from vllm_lighter_mamba.envs import LighterMambaConfigError
 from vllm_lighter_mamba.patch._util import original
 from vllm_lighter_mamba.v1.core import block_pool_retention
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention, retention_of
+from vllm_lighter_mamba.v1.core.retention_plan import RetentionPlans, plan_request
 from vllm_lighter_mamba.v1.core.retention_policy import (
-    RetentionSettings,
     checkpoint_budget,
     decode_end_boundary,
     eviction_score,
@@ -32,12 +33,12 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     expected_by_itself,
     expected_by_others,
     is_checkpoint_bet,
-    parse_settings,
     settle_bet,
     state_utility,
 )
 from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions
-from vllm_lighter_mamba.v1.metrics.counters import claim_primary_group, engine_counters
+from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import claim_primary_group
+from vllm_lighter_mamba.v1.metrics.counters import engine_counters
 from vllm_lighter_mamba.v1.metrics.prometheus import LighterMambaMetrics
 
 from .invariants import check_all_returned, check_pool
@@ -118,7 +119,10 @@ class Pool:
         claim_primary_group(self.pool, MAMBA[0])
         self.counters = engine_counters(self.pool)
         settings = RetentionSettings(alpha, checkpoint_share)
-        self.retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, self.counters)
+        self.plans = RetentionPlans()
+        retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, self.counters, self.plans)
+        assert retention is not None
+        self.retention = retention
         self.held: list = []
 
     def chain(self, rid: str, num_blocks: int, states: list[int], first_token: int = 1, cold: bool = False):
@@ -128,8 +132,10 @@ class Pool:
         prompt's last boundary (admitted); others are budget chunk ends (dropped)."""
         tokens = list(range(first_token, first_token + num_blocks * BS + 1))
         request = make_request(SimRequest(rid, tokens, 1), BS)
-        if cold:  # as the scheduler marks a prompt that found nothing cached
-            request.lighter_mamba_stops = tuple(checkpoint_positions(num_blocks * BS, BS))
+        if cold:  # as the scheduler plans a prompt that found nothing cached
+            checkpoints = tuple(checkpoint_positions(num_blocks * BS, BS))
+            plan = plan_request(len(tokens), 1, BS, False, stops=checkpoints, checkpoints=checkpoints)
+            self.plans.set(rid, plan)
         attention = self.pool.get_new_blocks(num_blocks)
         self.pool.cache_full_blocks(request, attention, 0, num_blocks, BS, ATTENTION[0])
         state_pages = {}
@@ -177,7 +183,7 @@ def test_victims_in_order_dropped_state_then_ranked_then_attention_past_state():
     a_attention, a_states = p.chain("a", 8, [3, 7])  # 3: a budget chunk end (dropped); 7: kept
     b_attention, b_states = p.chain("b", 4, [3], first_token=500)
     p.drain_free()
-    node_a3 = p.retention.nodes[a_states[3][0].block_hash[:-4]]
+    node_a3 = p.retention.tree.nodes[a_states[3][0].block_hash[:-4]]
     assert not node_a3.resumable and p.counters.states_dropped == 1 and p.counters.states_admitted == 2
     # 1. The dropped state goes first, all three of its pages, although it is more recent
     #    than the older chain's attention.
@@ -205,7 +211,7 @@ def test_state_goes_with_its_attention_prefix():
     # Something else (here vLLM's own API, as a KV connector would) evicts one block in the
     # middle of a's chain: a's state can no longer be reached, nor its deeper attention.
     p.pool.evict_blocks({a_attention[2].block_id})
-    assert p.retention.nodes.get(a_states[7][0].block_hash[:-4]) is None
+    assert p.retention.tree.nodes.get(a_states[7][0].block_hash[:-4]) is None
     p.pool.get_new_blocks(3)
     assert not any(b.block_hash for b in a_states[7])
     assert p.evicted() == {"lru": 1, "orphan_state": 3}  # (the connector's eviction: lru)
@@ -222,9 +228,9 @@ def test_blocks_in_use_are_never_victims():
     assert cached(a_states[1]) and not any(b.block_hash for b in a_states[3])
     assert {b.block_id for b in got} == {b.block_id for b in a_states[3]}
     p.pool.free_blocks(a_states[1])  # released by a request that resumed from it: now kept
-    assert p.retention.nodes[a_states[1][0].block_hash[:-4]].resumable is False  # (hits mark it
+    assert p.retention.tree.nodes[a_states[1][0].block_hash[:-4]].resumable is False  # (hits mark it
     p.retention.state_hit(a_states[1][0].block_hash[:-4], repeat=False)  # through the manager; see below)
-    assert p.retention.nodes[a_states[1][0].block_hash[:-4]].resumable
+    assert p.retention.tree.nodes[a_states[1][0].block_hash[:-4]].resumable
 
 
 def test_checkpoint_bets_beyond_their_share_go_before_ranked_states():
@@ -234,15 +240,15 @@ def test_checkpoint_bets_beyond_their_share_go_before_ranked_states():
     p = Pool(num_blocks=60, checkpoint_share=0.1)
     _, old = p.chain("old", 4, [3], first_token=500)  # ranked, released first
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints 2, 4, 5 blocks; last 6
-    nodes = {i: p.retention.nodes[cold[i][0].block_hash[:-4]] for i in cold}
+    nodes = {i: p.retention.tree.nodes[cold[i][0].block_hash[:-4]] for i in cold}
     assert [nodes[i].bet for i in (1, 3, 4, 5)] == [True, True, True, False]
-    assert len(p.retention.bets) == 3
+    assert len(p.retention.tiers.bets) == 3
     p.drain_free()
     p.pool.get_new_blocks(3)  # one checkpoint bet too many: the oldest goes
     assert not any(b.block_hash for b in cold[1]) and cached(cold[3]) and cached(old[3])
     assert p.evicted() == {"unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # a follower resumed there
-    assert not nodes[4].bet and len(p.retention.bets) == 1
+    assert not nodes[4].bet and len(p.retention.tiers.bets) == 1
     p.pool.get_new_blocks(3)  # within their share: ranking as usual (the oldest state)
     assert cached(cold[3]) and not any(b.block_hash for b in old[3])
     assert p.evicted() == {"unproven_checkpoint": 3, "ranked_state": 3}
@@ -257,14 +263,14 @@ def test_checkpoints_that_serve_no_follower_lose_their_share():
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints after blocks 1, 3, 4
     p.drain_free()
     p.pool.evict_blocks({cold[1][0].block_id})  # lost (as a connector would evict it)
-    assert (p.retention.bets_won, p.retention.bets_lost) == (0.0, 1.0)
+    assert (p.retention.tiers.bets_won, p.retention.tiers.bets_lost) == (0.0, 1.0)
     # The lost state's other two pages first, then of the 2 checkpoints left (share: 20 x 0
     # won) the oldest, before the older ranked state.
     p.pool.get_new_blocks(5)
     assert not any(b.block_hash for b in cold[3]) and cached(cold[4]) and cached(old[3])
     assert p.evicted() == {"lru": 1, "orphan_state": 2, "unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # won: no bet any more
-    assert p.retention.bets_won == 1.0 and not p.retention.bets
+    assert p.retention.tiers.bets_won == 1.0 and not p.retention.tiers.bets
 
 
 def test_bet_record_and_share():
@@ -292,12 +298,53 @@ def test_a_partial_state_goes_first():
     assert p.evicted() == {"ranked_state": 1, "orphan_state": 2}
 
 
+class LruForAllPool(BlockPool):
+    """A block pool whose ``free_blocks`` appends every freed block to the back of the queue,
+    cached or not (a plain LRU queue): what the policy's move to the front cannot work with."""
+
+    def free_blocks(self, ordered_blocks, **kwargs) -> None:
+        freed = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                freed.append(block)
+        self.free_block_queue.append_n(freed)
+
+
+def test_free_queue_order_is_checked_before_the_policy_is_installed(monkeypatch):
+    """The move to the front evicts exactly the victims only while vLLM's free queue keeps
+    never-cached blocks first: the installed vLLM passes the check; a pool that does not keep
+    them first gets no policy, and one log line says so."""
+    install_patches()
+    assert block_pool_retention.free_queue_order_holds(BlockPool)  # (checked once per process)
+    warnings = []
+    monkeypatch.setattr(block_pool_retention.logger, "warning", lambda *args: warnings.append(args))
+    assert not block_pool_retention.free_queue_order_holds(LruForAllPool)
+    pool = LruForAllPool(64, enable_caching=True, hash_block_size=BS)
+    claim_primary_group(pool, MAMBA[0])
+    settings = RetentionSettings()
+    plans = RetentionPlans()
+    assert install_retention(pool, BS, ATTENTION, MAMBA, settings, engine_counters(pool), plans) is None
+    assert retention_of(pool) is None and len(warnings) == 1 and "retention policy off" in warnings[0][0]
+
+
+def test_policy_stays_off_where_the_free_queue_order_does_not_hold(qwen3_next_dir, monkeypatch):
+    """Through the scheduler: the check failing leaves vLLM's LRU order (as the policy off)."""
+    monkeypatch.setattr(block_pool_retention, "free_queue_order_holds", lambda pool_cls: False)
+    unchecked = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    pool = unchecked.scheduler.kv_cache_manager.block_pool
+    assert retention_of(pool) is None and engine_counters(pool).retention_failures == 0
+    off = replay("lighter:off", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    assert unchecked.chunks == off.chunks and unchecked.outputs == off.outputs
+    assert unchecked.scheduler.lighter_counters.as_dict() == off.scheduler.lighter_counters.as_dict()
+
+
 # --- through vLLM's scheduler ------------------------------------------------------------------
 
 
 def node_at(scheduler, request, position):
     retention = retention_of(scheduler.kv_cache_manager.block_pool)
-    return retention.nodes.get(request.block_hashes[position // 16 - 1])
+    return retention.tree.nodes.get(request.block_hashes[position // 16 - 1])
 
 
 def test_admission_decisions_in_a_replay(qwen3_next_dir):

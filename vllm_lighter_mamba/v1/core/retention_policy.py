@@ -1,6 +1,9 @@
 """Which cached boundary states to keep, and what to evict first: the lighter cache's
-retention policy, as pure functions (the bookkeeping that applies it to vLLM's block pool is
-``block_pool_retention.py``).
+retention policy, as pure functions. The bookkeeping that applies it: the prefix tree of
+cached states (``retention_tree.py``), the eviction tiers (``retention_tiers.py``), the
+scheduler's per-request plans (``retention_plan.py``) and the adapter to vLLM's block pool
+(``block_pool_retention.py``); its settings (``alpha``, ``checkpoint_share``) are parsed in
+``vllm_lighter_mamba/config.py``.
 
 A cached boundary state is expensive: one page in *every* Mamba KV-cache group (Qwen3-Next-80B:
 3 pages, against one page of attention KV for the same block of tokens), and it is useful only
@@ -28,19 +31,8 @@ The policy (applied only when the pool must evict, so nothing changes without pr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
-from vllm_lighter_mamba.envs import LighterMambaConfigError
 from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
-
-# ``additional_config`` key: "off" turns the policy off (vLLM's LRU order), a mapping sets
-# its parameters, e.g. {"alpha": 1.0}.
-SETTINGS_KEY = "lighter_mamba_retention"
-
-# Weight of the utility term against recency (see :func:`eviction_score`); chosen by the
-# sweep over multi-prefix and multi-turn-sessions in docs/benchmarks.md.
-DEFAULT_ALPHA = 4.0
 
 # Why a page was evicted, in the order victims are taken. "lru": the pool evicted a cached
 # page the policy did not pick (nothing of the policy's tiers was left).
@@ -52,11 +44,6 @@ EVICTION_REASONS = (
     "ranked_state",
     "lru",
 )
-
-
-# Share of the pool that cold-prompt checkpoints nobody resumed from yet may hold under
-# pressure before the oldest go first (docs/benchmarks.md).
-DEFAULT_CHECKPOINT_SHARE = 0.5
 
 
 # Weight kept by the record of checkpoint bets at each new outcome: the record spans about the
@@ -80,28 +67,6 @@ def checkpoint_budget(pool_states: float, fraction: float, won: float, lost: flo
     settled = won + lost
     win_rate = won / settled if settled else 1.0
     return fraction * pool_states * win_rate
-
-
-@dataclass(frozen=True)
-class RetentionSettings:
-    alpha: float = DEFAULT_ALPHA
-    checkpoint_share: float = DEFAULT_CHECKPOINT_SHARE
-
-
-def parse_settings(value: Any) -> RetentionSettings | None:
-    """The policy's settings from ``additional_config[SETTINGS_KEY]`` (None: policy off)."""
-    if value is None:
-        return RetentionSettings()
-    if isinstance(value, str) and value.lower() in ("off", "none", "lru"):
-        return None
-    if isinstance(value, dict) and set(value) <= {"alpha", "checkpoint_share"}:
-        numbers = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if len(numbers) == len(value) and all(v >= 0 for v in numbers.values()):
-            return RetentionSettings(**{k: float(v) for k, v in numbers.items()})
-    raise LighterMambaConfigError(
-        f"additional_config[{SETTINGS_KEY!r}] = {value!r}: expected \"off\" or "
-        '{"alpha": <number >= 0>, "checkpoint_share": <number >= 0>}'
-    )
 
 
 def decode_end_boundary(

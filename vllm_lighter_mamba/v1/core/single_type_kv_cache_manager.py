@@ -17,9 +17,10 @@ out of its position before it can be hashed ("detached") and freed like a skippe
 A decode step with draft tokens is the exception: after sampling the worker copies the
 boundary state into that block (``ops/spec_settle.py``), so it stays and is hashed.
 
-The primary Mamba group's manager (the lowest group id: one state is one page per group)
-also tells the pool's retention bookkeeping (``block_pool_retention``) which states it
-cached, which one a request resumed from, and when a request let go of its blocks.
+The primary Mamba group's manager (the lowest group id: one state is one page per group,
+counted once; :func:`primary_group`) also tells the pool's retention bookkeeping
+(``block_pool_retention``) which states it cached, which one a request resumed from, and when
+a request let go of its blocks.
 """
 
 from __future__ import annotations
@@ -36,7 +37,23 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 from vllm_lighter_mamba.v1.core.retention_guard import with_retention
-from vllm_lighter_mamba.v1.metrics.counters import claim_primary_group, engine_counters, primary_group
+from vllm_lighter_mamba.v1.metrics.counters import engine_counters
+
+_PRIMARY = "_lighter_mamba_primary_group"
+
+
+def claim_primary_group(block_pool: Any, group_id: int) -> None:
+    """Every lighter Mamba group's manager registers its group on the engine's pool (shared by
+    all of them); the lowest group id is the primary one: one state is a page in each Mamba
+    group, so that group's manager alone counts states and tells the retention policy."""
+    current = getattr(block_pool, _PRIMARY, None)
+    if current is None or group_id < current:
+        setattr(block_pool, _PRIMARY, group_id)
+
+
+def primary_group(block_pool: Any) -> int | None:
+    """The pool's primary Mamba group (None: no lighter Mamba manager uses this pool)."""
+    return getattr(block_pool, _PRIMARY, None)
 
 
 def running_position(num_tokens: int, block_size: int) -> int:

@@ -65,7 +65,6 @@ class LighterMambaCounters:
 GAUGE_NAMES = ("states_held",)
 COUNTER_NAMES = tuple(f.name for f in fields(LighterMambaCounters) if f.name not in GAUGE_NAMES)
 _ATTR = "_lighter_mamba_counters"
-_PRIMARY = "_lighter_mamba_primary_group"
 
 
 def engine_counters(block_pool: Any) -> LighterMambaCounters:
@@ -75,14 +74,3 @@ def engine_counters(block_pool: Any) -> LighterMambaCounters:
         counters = LighterMambaCounters()
         setattr(block_pool, _ATTR, counters)
     return counters
-
-
-def claim_primary_group(block_pool: Any, group_id: int) -> None:
-    """Managers of Mamba groups register here; the lowest group id counts the states."""
-    current = getattr(block_pool, _PRIMARY, None)
-    if current is None or group_id < current:
-        setattr(block_pool, _PRIMARY, group_id)
-
-
-def primary_group(block_pool: Any) -> int | None:
-    return getattr(block_pool, _PRIMARY, None)

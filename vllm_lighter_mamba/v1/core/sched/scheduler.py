@@ -6,6 +6,10 @@ budget, before encoder inputs, and skipping requests whose KV is being loaded
 asynchronously). While the engine's config says the lighter cache is active we turn that
 hook on and give it our policy; upstream's align-mode body never runs. Otherwise the mixin
 changes nothing.
+
+The chunk stops decided for a request (``request_stops``) are its :class:`RetentionPlan`, kept
+in the scheduler's :class:`RetentionPlans` (by request id, dropped when the request leaves the
+scheduler); the pool's retention bookkeeping holds the same object and reads them from there.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_lighter_mamba.config import check_block_size, is_active, retention_settings
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention
+from vllm_lighter_mamba.v1.core.retention_plan import RetentionPlans, plan_request
 from vllm_lighter_mamba.v1.core.sched.policy import (
     block_aligned_chunk_len,
     checkpoint_positions,
@@ -38,6 +43,8 @@ class LighterMambaSchedulerMixin:
         super().__init__(*args, **kwargs)
         self.lighter_mamba_active: bool = is_active(self.vllm_config) and bool(self.has_mamba_layers)
         self.lighter_counters: LighterMambaCounters | None = None
+        # Per-request chunk stops, shared with the pool's retention bookkeeping.
+        self.lighter_plans = RetentionPlans()
         # vLLM's async scheduler already hashes after every output (cache_accepted_boundaries).
         self.lighter_hash_after_output = self.lighter_mamba_active and not isinstance(self, AsyncScheduler)
         if self.lighter_mamba_active:
@@ -90,6 +97,7 @@ class LighterMambaSchedulerMixin:
             mamba,
             settings,
             self.lighter_counters,
+            self.lighter_plans,
         )
 
     def schedule(self, *args: Any, **kwargs: Any):
@@ -143,7 +151,7 @@ class LighterMambaSchedulerMixin:
             return num_new_tokens
         # As upstream's split: the hit drops a block only where EAGLE's block drop is on.
         use_eagle = self.use_eagle_block_drop
-        stops = request_stops(request, start, self.lighter_block_size, use_eagle)
+        stops = request_stops(self.lighter_plans, request, start, self.lighter_block_size, use_eagle)
         num_tokens, owed = block_aligned_chunk_len(
             start=start,
             num_new_tokens=num_new_tokens,
@@ -154,9 +162,17 @@ class LighterMambaSchedulerMixin:
             shared_prefix_boundary=request.shared_prefix_boundary,
             stops=stops,
         )
-        if owed is not None:
-            request.lighter_mamba_stops = (*stops, owed)
+        if owed is not None:  # (only a stop cuts a chunk short: the request has a plan)
+            plan = self.lighter_plans.get(request.request_id)
+            assert plan is not None
+            self.lighter_plans.set(request.request_id, plan.with_owed(owed))
         return num_tokens
+
+    def _free_blocks(self, request: Request) -> None:
+        # vLLM's one exit of a finished request (after its KV-cache blocks are released, which
+        # reads the plan); a preempted request stays and keeps its plan.
+        super()._free_blocks(request)
+        self.lighter_plans.pop(request.request_id)
 
 
 def update_and_cache_accepted(
@@ -191,20 +207,28 @@ def cache_accepted_boundaries(kv_cache_manager: Any, request: Request, num_new_t
         kv_cache_manager.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
 
 
-def request_stops(request: Request, start: int, block_size: int, use_eagle: bool) -> tuple[int, ...]:
-    """The request's own chunk stops, decided at its first admission and kept on it.
+def request_stops(
+    plans: RetentionPlans, request: Request, start: int, block_size: int, use_eagle: bool
+) -> tuple[int, ...]:
+    """The request's own chunk stops, decided at its first admission and kept in its plan.
 
     A prompt that found no prefix-cache hit ("cold") stops at its cold-prompt checkpoints;
     vLLM's own record of the hit (``prefill_stats``) exists only with stats logging on, so
-    the answer is kept on the request (a request resumed after a preemption keeps it).
+    the answer is kept in the request's plan (a request resumed after a preemption keeps it).
     With EAGLE/MTP every prompt also stops at its last full block (``next_turn_stops``).
     Chunks cut at a stop add align's end they skipped (``block_aligned_chunk_len``).
     """
     if request.num_computed_tokens == 0 and request.num_preemptions == 0:
+        # Decided again on every attempt to admit the request (one may fail for room, and
+        # the hit can differ at the next).
         last = last_cache_position(request.num_tokens, block_size, use_eagle)
         checkpoints = tuple(checkpoint_positions(last, block_size)) if start == 0 else ()
-        request.lighter_mamba_stops = checkpoints + next_turn_stops(request.num_tokens, block_size, use_eagle)
-    return getattr(request, "lighter_mamba_stops", ())
+        stops = checkpoints + next_turn_stops(request.num_tokens, block_size, use_eagle)
+        plans.set(request.request_id, plan_request(
+            request.num_prompt_tokens, request.max_tokens, block_size, use_eagle, stops, checkpoints
+        ))
+    plan = plans.get(request.request_id)
+    return plan.stops if plan is not None else ()
 
 
 @cache
