@@ -171,3 +171,16 @@ def disagreements(ours: list[dict], theirs: list[dict], max_drift: float) -> lis
         for index, a in enumerate(agreement(ours, theirs))
         if not a["near_tie"] or a["drift"] >= max_drift
     ]
+
+
+def exact_differences(ours: list[dict], theirs: list[dict]) -> list[dict]:
+    """The requests (run with ``top2``) whose greedy tokens or whose two best log-probabilities
+    at any token differ from ``theirs`` at all: for runs equal by construction (one request at
+    a time, the same chunk ends, float32 states)."""
+    return [
+        {"request": index, "first_difference": first_difference(o["token_ids"], t["token_ids"]),
+         "log_prob_difference": max((abs(a - b) for x, y in zip(o["top2"], t["top2"], strict=False)
+                                     for a, b in zip(x, y, strict=True)), default=0.0)}
+        for index, (o, t) in enumerate(zip(ours, theirs, strict=True))
+        if o["token_ids"] != t["token_ids"] or o["top2"] != t["top2"]
+    ]

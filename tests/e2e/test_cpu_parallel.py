@@ -3,8 +3,9 @@ one OpenMP thread group (one core) per rank. The lighter cache runs its gather a
 on every rank over that rank's shard (TP) or layers (PP), with the block ids the one
 scheduler decided.
 
-Reference outputs come from one rank with prefix caching off; the tiny models' logits are
-peaky, so greedy decoding is expected to agree exactly across TP/PP layouts too.
+The reference is prefix caching off under the same layout, one request at a time with chunks
+of one block (as in test_cpu_lighter_cache): the lighter cache's greedy tokens and
+log-probabilities must equal it exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from math import prod
 
 import pytest
 
-from .helpers import CPU_ENGINE, RPC_ENV, flat_requests, run_mode, shared_text
+from .helpers import CPU_ENGINE, RPC_ENV, exact_differences, flat_requests, run_mode, shared_text
+from .test_cpu_lighter_cache import BLOCK_SIZE
 
 pytestmark = pytest.mark.engine
 
@@ -33,7 +35,7 @@ LAYOUTS = {
 
 
 def engine(parallel: dict) -> dict:
-    return {**CPU_ENGINE, "max_num_batched_tokens": 512, "disable_log_stats": False,
+    return {**CPU_ENGINE, "max_num_seqs": 1, "max_num_batched_tokens": BLOCK_SIZE, "disable_log_stats": False,
             "distributed_executor_backend": "mp", **parallel}
 
 
@@ -43,20 +45,19 @@ def runs(request):
 
     arch, parallel = LAYOUTS[request.param]
     model = tiny_model(arch)
-    one_rank = run_mode("none", model, WAVES, engine({}))
+    off = run_mode("none", model, WAVES, engine(parallel), env={**RANKS_ENV, **RPC_ENV}, top2=True)
     lighter = run_mode("lighter", model, WAVES, engine(parallel), env={**RANKS_ENV, **RPC_ENV}, metrics=True,
-                       ranks=True)
+                       ranks=True, top2=True)
     lighter_one_rank = run_mode("lighter", model, WAVES, engine({}), env=RPC_ENV, ranks=True)
     align = run_mode("align", model, WAVES, engine(parallel), env={**RANKS_ENV, **RPC_ENV})
-    return request.param, {"one_rank": one_rank, "lighter": lighter, "lighter_one_rank": lighter_one_rank,
+    return request.param, {"off": off, "lighter": lighter, "lighter_one_rank": lighter_one_rank,
                            "align": align}
 
 
-def test_greedy_outputs_equal_one_rank_without_prefix_caching(runs):
+def test_greedy_outputs_equal_prefix_caching_off_under_the_same_layout(runs):
     _, results = runs
-    assert [r["token_ids"] for r in flat_requests(results["lighter"])] == [
-        r["token_ids"] for r in flat_requests(results["one_rank"])
-    ]
+    assert results["lighter"]["block_size"] == BLOCK_SIZE
+    assert exact_differences(flat_requests(results["lighter"]), flat_requests(results["off"])) == []
 
 
 def test_second_wave_hits_at_least_align_under_the_same_layout(runs):

@@ -9,7 +9,9 @@ multi-token-prediction layer, for ``--speculative-config '{"method": "mtp"}'``),
 ``jamba`` (Mamba1 + attention). Weights are deterministic for a seed and saved with
 safetensors in bf16; the tokenizer is byte-level (one token per byte) and built with the
 tokenizers library. The lm_head is scaled up so logits are peaky: greedy decoding then
-does not flip on bf16 rounding noise between two correct runs.
+does not flip on bf16 rounding noise between two correct runs. The tiny models' recurrent
+layers decay slowly (:data:`SLOW_DECAY`): a wrong state changes tokens far past it, so an
+end-to-end test can see one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ LARGE_ARCHS = ("qwen3_next_1b", "qwen3_next_1b_mtp")
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
 EOS_TOKEN_ID = 256
 LM_HEAD_SCALE = 8.0
+# The tiny models' per-token state decay: A drawn from this range (transformers draws it from
+# (0.01, 16) or 1..16), dt_bias 0. A GatedDeltaNet head then keeps exp(-A * softplus(a)) of its
+# state per token, about 0.997-0.9997 where its input a is 0 (transformers' init: dt_bias 1 and
+# below 0.5 for every head, so a wrong state was forgotten within a few tokens and end-to-end
+# tests could not see it).
+# Zeroing the GDN states after 768 tokens changes the tiny Qwen3-Next's next-token
+# log-probabilities by up to 5.3 a thousand tokens later (0.007 with transformers' init):
+# tests/unit/test_tiny_models.py.
+SLOW_DECAY = (0.0005, 0.005)
 # Every tiny model: its own LM head, and the byte tokenizer's one special token.
 TOKEN_IDS = {
     "tie_word_embeddings": False,
@@ -258,15 +269,18 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, device: str 
     if arch not in CONFIGS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS + LARGE_ARCHS)}")
     config = CONFIGS[arch]()
-    out = save_random_model(config, out_dir, seed, device)
+    out = save_random_model(config, out_dir, seed, device, slow_decay=arch in ARCHS)
     if getattr(config, "num_nextn_predict_layers", 0):
         MTP_WEIGHTS[config.model_type](out, config, torch.Generator().manual_seed(seed + 1))
     return out
 
 
-def save_random_model(config, out_dir: str | Path, seed: int = 0, device: str = "cpu") -> Path:
+def save_random_model(
+    config, out_dir: str | Path, seed: int = 0, device: str = "cpu", slow_decay: bool = False
+) -> Path:
     """Any transformers config as a random-weight bf16 safetensors model with the byte-level
-    tokenizer; the lm_head scaled up for peaky logits."""
+    tokenizer; the lm_head scaled up for peaky logits; with ``slow_decay``, recurrent layers
+    that remember (:data:`SLOW_DECAY`)."""
     from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
@@ -279,9 +293,25 @@ def save_random_model(config, out_dir: str | Path, seed: int = 0, device: str = 
             if param.dim() > 1:
                 param.normal_(0.0, 0.05)
         model.get_output_embeddings().weight.mul_(LM_HEAD_SCALE)
+        if slow_decay:
+            set_slow_decay(model, torch.Generator().manual_seed(seed + 2))
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     build_tokenizer().save_pretrained(out)
     return out
+
+
+def set_slow_decay(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Every recurrent layer's decay rates ``A`` (``A_log``: GatedDeltaNet, Mamba2, Mamba1)
+    redrawn from :data:`SLOW_DECAY`, their ``dt_bias`` (GatedDeltaNet, Mamba2) set to 0."""
+    low, high = SLOW_DECAY
+    for module in model.modules():
+        a_log = getattr(module, "A_log", None)
+        if not isinstance(a_log, torch.nn.Parameter):
+            continue
+        a_log.copy_(torch.empty(a_log.shape).uniform_(low, high, generator=generator).log())
+        dt_bias = getattr(module, "dt_bias", None)
+        if isinstance(dt_bias, torch.nn.Parameter):
+            dt_bias.zero_()
 
 
 def main(argv: list[str] | None = None) -> None:
