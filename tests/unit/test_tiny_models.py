@@ -70,14 +70,15 @@ def test_qwen3_next_remembers_a_state_a_thousand_tokens_back(tmp_path):
 
     from tests.e2e.helpers import shared_text
 
-    model = AutoModelForCausalLM.from_pretrained(build_tiny_model("qwen3_next", tmp_path), dtype=torch.float32)
+    path = build_tiny_model("qwen3_next", tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     prefix = torch.tensor([list(shared_text(1, 768).encode())])
     later = torch.tensor([list(shared_text(4, 1000).encode())])
     with torch.no_grad():
         cache = model(prefix, use_cache=True).past_key_values
         wiped = copy.deepcopy(cache)
-        states = [s for layer in wiped.layers for s in (getattr(layer, "recurrent_states", None) or {}).values()
-                  if torch.is_tensor(s)]
+        per_layer = [getattr(layer, "recurrent_states", None) or {} for layer in wiped.layers]
+        states = [s for layer in per_layer for s in layer.values() if torch.is_tensor(s)]
         assert len(states) == 3  # the three GDN layers
         for state in states:
             state.zero_()
