@@ -13,7 +13,7 @@ lint: install
 	$(PY) -m ruff check .
 
 # Unit, core (scheduler/manager), kernel, CPU end-to-end, server and benchmark tests, then the
-# stress run against `vllm serve` as its own step (LIGHTER_MAMBA_STRESS_SECONDS, default 420).
+# stress run against `vllm serve` as its own step (LIGHTER_MAMBA_STRESS_SECONDS, default 240).
 test: install lint
 	$(PY) -m pytest tests -m "not stress" --ignore=tests/kernels -q --durations=25
 	TRITON_INTERPRET=1 $(PY) -m pytest tests/kernels -q

@@ -1,7 +1,9 @@
 """Stress (its own CI step, `-m stress`): concurrent streaming clients against
 `VLLM_USE_LIGHTER_MAMBA_CACHE=1 vllm serve`, with client-side cancellations and a KV pool small
-enough to force preemption. LIGHTER_MAMBA_STRESS_SECONDS sets the duration (default 420 s: the
-same mix as the earlier 600 s, shortened to keep `make test` under 35 min)."""
+enough to force preemption. LIGHTER_MAMBA_STRESS_SECONDS sets the duration (default 240 s: the
+same mix as the earlier 600 s and 420 s, shortened to keep `make test` under 35 min once the
+exact end-to-end tests and the state probe came in; 420 s completed 5,788 requests with 1,591
+preemptions on the 2-core machine)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from .helpers import shared_text
 pytestmark = pytest.mark.stress
 
 CLIENTS = int(os.environ.get("LIGHTER_MAMBA_STRESS_CLIENTS", "64"))
-SECONDS = float(os.environ.get("LIGHTER_MAMBA_STRESS_SECONDS", "420"))
+SECONDS = float(os.environ.get("LIGHTER_MAMBA_STRESS_SECONDS", "240"))
 MAX_TOKENS = 12
 FULL_AGREEMENT_FLOOR = 0.9
 PROMPTS = [shared_text(20 + i % 4, 700) + f" [{i}] " + shared_text(40 + i, 40 + 13 * i) for i in range(16)]
