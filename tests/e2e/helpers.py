@@ -9,7 +9,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_ENGINE = {
@@ -59,6 +61,35 @@ def run_digest(spec: dict, extra_env: dict) -> str:
     return digest.hexdigest()[:20]
 
 
+def run_in_fresh_process(module: str, mode: str, spec: dict, env: dict, out_name: str,
+                         load: Callable[[str], Any]) -> Any:
+    """``python -m module SPEC OUT`` in a fresh process with the mode's variable set (it must
+    be set before vLLM loads its plugins); ``load(OUT)``, read before the temporary folder
+    goes."""
+    env = {**os.environ, **env, "VLLM_USE_LIGHTER_MAMBA_CACHE": "1" if mode == "lighter" else "0"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, out_name)
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        proc = subprocess.run(
+            [sys.executable, "-m", module, spec_path, out_path],
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"{mode} engine failed:\n{proc.stderr[-6000:]}")
+        return load(out_path)
+
+
+def read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
 def run_mode(
     mode: str,
     model: str,
@@ -77,25 +108,7 @@ def run_mode(
         kept = Path(os.environ[RUNS_DIR]) / f"{run_digest(spec, env or {})}.json"
         if kept.exists():
             return json.loads(kept.read_text())
-    env = {**os.environ, **(env or {})}
-    env["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if mode == "lighter" else "0"
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    with tempfile.TemporaryDirectory() as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.e2e.runner", spec_path, out_path],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if proc.returncode != 0:
-            raise AssertionError(f"{mode} engine failed:\n{proc.stderr[-6000:]}")
-        with open(out_path) as f:
-            result = json.load(f)
+    result = run_in_fresh_process("tests.e2e.runner", mode, spec, env or {}, "out.json", read_json)
     if kept is not None:
         kept.parent.mkdir(parents=True, exist_ok=True)
         kept.write_text(json.dumps(result))

@@ -27,15 +27,12 @@ before vLLM loads its plugins).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from typing import Any
 
 import torch
 
-from .helpers import REPO_ROOT
+from .helpers import run_in_fresh_process
 from .runner import engine_kwargs
 
 # {layer name: [state tensor, ...]} in the layer's own order (GDN: conv state, then SSM state).
@@ -44,27 +41,10 @@ LayerStates = dict[str, list[torch.Tensor]]
 
 def probe(mode: str, model: str, requests: list[dict], engine: dict) -> dict[str, Any]:
     """One in-process engine in a fresh process; the saved record (see the module docstring)."""
-    env = {
-        **os.environ,
-        "VLLM_USE_LIGHTER_MAMBA_CACHE": "1" if mode == "lighter" else "0",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    with tempfile.TemporaryDirectory() as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.pt")
-        with open(spec_path, "w") as f:
-            json.dump({"mode": mode, "model": model, "engine": engine, "requests": requests}, f)
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.e2e.state_probe", spec_path, out_path],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if proc.returncode != 0:
-            raise AssertionError(f"{mode} probe engine failed:\n{proc.stderr[-6000:]}")
-        return torch.load(out_path)
+    spec = {"mode": mode, "model": model, "engine": engine, "requests": requests}
+    # In-process engine: the scheduler's block pool and the worker's tensors in one process.
+    return run_in_fresh_process("tests.e2e.state_probe", mode, spec, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+                                "out.pt", torch.load)
 
 
 def mamba_group_ids(kv_cache_config: Any) -> list[int]:
