@@ -143,34 +143,18 @@ def run(mode: str, workload: str, budget: int, model_dir: str, block_size: int |
     # The mocked model computes nothing: a config-only model may take prompts past its
     # position embeddings (the tiny test model's 8,192).
     os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-    from vllm_lighter_mamba.bench.sim import SimRequest, replay
+    from vllm_lighter_mamba.bench.runners import run_simulated
 
     base, options = parse_mode(mode)
     block = block_size or VLLM_BLOCK_SIZES[base]
-    source = workload_source(workload, seed)
-    outputs: dict[str, list[int]] = {}
-    stats: list[PrefillStats] = []
-    scheduler, total_steps = None, 0
-    while (wave := source(outputs)) is not None:
-        sim = replay(
-            base,
-            [SimRequest(r.request_id, r.prompt_token_ids, r.max_tokens) for r in wave],
-            model_dir,
-            scheduler=scheduler,
-            block_size=block,
-            num_blocks=num_blocks,
-            num_mamba_groups=num_mamba_groups,
-            max_num_batched_tokens=budget,
-            max_num_seqs=256,
-            max_model_len=max_model_len,
-            **options,
-        )
-        scheduler = sim.scheduler
-        total_steps += sim.steps
-        outputs.update(sim.outputs)
-        prompts = {r.request_id: len(r.prompt_token_ids) for r in wave}
-        stats.extend(prefill_stats(sim.chunks, prompts, sim.cached_per_request))
-    return Row(workload, budget, mode, block, stats, total_steps)
+    result = run_simulated(
+        base, workload, workload_source(workload, seed), model_dir,
+        block_size=block, num_blocks=num_blocks, num_mamba_groups=num_mamba_groups,
+        max_num_batched_tokens=budget, max_num_seqs=256, max_model_len=max_model_len, **options,
+    )
+    prompts = {r.request_id: r.prompt_tokens for r in result.requests}
+    hits = {r.request_id: r.cached_tokens for r in result.requests}
+    return Row(workload, budget, mode, block, prefill_stats(result.chunks, prompts, hits), result.steps)
 
 
 COLUMNS = [

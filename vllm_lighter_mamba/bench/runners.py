@@ -46,6 +46,8 @@ class ModeResult:
     preemptions: int | None = None
     # --simulate, lighter: the engine's lighter-cache counters at the end (what /metrics shows).
     counters: dict | None = None
+    # --simulate: every step's chunk per request, (request, start, tokens, step), all replays.
+    chunks: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     def summary(self) -> dict:
         prompt = sum(r.prompt_tokens for r in self.requests)
@@ -152,6 +154,7 @@ def run_simulated(
                               lost_hit_tokens=sim.lost_per_request[r.request_id])
             )
         result.steps += sim.steps
+        result.chunks.extend(sim.chunks)
         result.peak_blocks = max(result.peak_blocks, sim.peak_blocks)
         result.cached_state_peak = max(result.cached_state_peak, sim.cached_state_peak)
         result.cached_attn_peak = max(result.cached_attn_peak, sim.cached_attn_peak)
