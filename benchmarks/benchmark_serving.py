@@ -1,19 +1,27 @@
 """Serving comparison as users measure it: ``vllm serve`` per mode, ``vllm bench serve`` as client.
 
-For each mode (``off``: prefix caching off; ``align``: vLLM's ``--mamba-cache-mode align``;
-``lighter``: ``VLLM_USE_LIGHTER_MAMBA_CACHE=1``) one server is started in its own process,
-with vLLM's defaults otherwise (async scheduling; torch.compile and CUDA graphs on a GPU).
-Each workload then runs ``--repeats`` times against it, repeat ``r`` with seed
-``--seed + r`` in every mode (fresh prefixes, so no repeat profits from an earlier one).
-The prefix-cache hit rate of each run comes from the server's own ``/metrics``.
+Modes: ``off`` (prefix caching off), ``align`` (vLLM's own prefix caching for hybrids, its
+default on vLLM 0.34), ``lighter`` (``VLLM_USE_LIGHTER_MAMBA_CACHE=1``). Each server runs with
+vLLM's defaults otherwise (async scheduling; torch.compile and CUDA graphs on a GPU).
 
-    python benchmarks/benchmark_serving.py --model DIR [--modes off,align,lighter] \\
-        [--workloads prefix_repetition,random] [--repeats 2] [--results-dir DIR] \\
-        [--output-json OUT.json] [--serve-args "--max-model-len 8192 ..."]
+Servers are started in rounds, modes alternated (off, align, lighter, off, align, lighter, ...).
+Each server first runs a warm-up pass of every workload with the workload's own shapes (another
+seed: it leaves no prefix the measured pass could hit; the first minutes of a server include
+Triton compilation and autotuning), then the measured pass, with the round's seed in every mode.
+Hit rate, preemptions, engine steps and pool use of each run come from the server's ``/metrics``.
 
-With ``--results-dir`` each mode's runs are kept as ``DIR/MODE.json`` and reused, so the
-modes can be measured in separate calls (one server start per call on a time-limited host).
-The table reports the median over repeats and the ratio to align (and to off).
+    python benchmarks/benchmark_serving.py --model DIR [--modes off,align,lighter] [--rounds 2] \\
+        [--workloads system:16384,multi_turn,rag,decode] [--results-dir DIR] \\
+        [--stop-after-s S] [--output-json OUT.json] [--serve-args "--load-format dummy ..."]
+
+Workloads (:mod:`vllm_lighter_mamba.bench.serving_workloads`, sent as custom datasets in
+order): ``system:LEN`` (long shared system prompts), ``multi_turn``, ``rag`` (Zipf document
+reuse), ``decode`` (decode-heavy); and vLLM's own ``prefix_repetition`` and ``random``.
+With ``--results-dir`` each server's runs are kept as ``DIR/NN-MODE.json`` (NN: its place in
+the schedule) and reused, so a schedule can be spread over calls of a time-limited host:
+``--stop-after-s`` starts no further server once that many seconds have passed.
+The table reports, per workload and mode, the median over rounds with the spread (min-max),
+and the ratios of the medians to align and to off.
 """
 
 from __future__ import annotations
@@ -29,13 +37,18 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from vllm_lighter_mamba.bench import serving_workloads
 from vllm_lighter_mamba.bench.server import metric_total, metrics, serve
 
 MODES = ("off", "align", "lighter")
-WORKLOADS = ("prefix_repetition", "random")
+# Workloads of serving_workloads (custom datasets) and vLLM's own datasets.
+CUSTOM = ("system", "multi_turn", "rag", "decode")
+VLLM_DATASETS = ("prefix_repetition", "random")
+DEFAULT_WORKLOADS = "system:16384,multi_turn,rag,decode"
 # (result key, label): what the table shows, per workload.
 METRICS = [
     ("p50_ttft_ms", "TTFT p50 ms"), ("p90_ttft_ms", "TTFT p90 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
@@ -43,11 +56,19 @@ METRICS = [
     ("p50_itl_ms", "ITL p50 ms"), ("p90_itl_ms", "ITL p90 ms"), ("p99_itl_ms", "ITL p99 ms"),
     ("output_throughput", "output tok/s"), ("hit_rate", "hit rate"),
     ("draft_acceptance", "drafts accepted / proposed"),
+    ("steps_per_request", "engine steps / request"), ("tokens_per_step", "tokens / engine step"),
+    ("mean_prefill_ms", "prefill time / request ms"), ("preemptions", "preemptions"),
+    ("states_cached_per_request", "states cached / request"),
     ("peak_kv_usage", "peak pool use"), ("blocks_per_running_request", "pool blocks / running req"),
 ]
 # Gauges sampled while a workload runs (the pool is shared by attention and state pages).
 USAGE, RUNNING = "vllm:kv_cache_usage_perc", "vllm:num_requests_running"
 SAMPLE_PERIOD_S = 0.25
+# Counters read before and after each run (vLLM's, and the lighter cache's own).
+STEPS = "vllm:iteration_tokens_total"
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
+PREEMPTIONS = "vllm:num_preemptions_total"
+STATES_CACHED = "vllm:lighter_mamba_states_cached_total"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,29 +76,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model directory (e.g. a tiny_models build)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of off,align,lighter")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="prefix_repetition and/or random")
-    p.add_argument("--repeats", type=int, default=2, help="runs of each workload per server (>1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the first repeat")
+    p.add_argument("--rounds", type=int, default=2, help="servers per mode, modes alternated")
+    p.add_argument("--workloads", default=DEFAULT_WORKLOADS,
+                   help="comma-separated: system:LEN, multi_turn, rag, decode, prefix_repetition, random")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first round (round r: seed + r)")
+    p.add_argument("--warmup-fraction", type=float, default=0.25,
+                   help="warm-up pass per server: this share of each workload's requests (0: none)")
     p.add_argument("--serve-args", default="", help="extra `vllm serve` arguments, one string")
-    p.add_argument("--results-dir", help="keep / reuse each mode's runs here (MODE.json)")
-    p.add_argument("--output-json", help="write all runs, medians and ratios here")
+    p.add_argument("--results-dir", help="keep / reuse each server's runs here (NN-MODE.json)")
+    p.add_argument("--stop-after-s", type=float, help="start no server after this many seconds")
+    p.add_argument("--output-json", help="write all runs, medians, spreads and ratios here")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the server")
-    p.add_argument("--num-warmups", type=int, default=8, help="`vllm bench serve` warm-up requests")
     p.add_argument("--no-probe", dest="probe", action="store_false",
-                   help="skip the greedy correctness probe run before the workloads")
-    g = p.add_argument_group("prefix_repetition workload")
+                   help="skip the greedy correctness probe of each first-round server")
+    g = p.add_argument_group("system:LEN workload (long shared system prompts)")
+    g.add_argument("--system-num-prompts", type=int, default=24)
+    g.add_argument("--system-num-prefixes", type=int, default=4)
+    g.add_argument("--system-rate", type=float, default=1.0)
+    g = p.add_argument_group("multi_turn workload")
+    g.add_argument("--chats", type=int, default=12)
+    g.add_argument("--turns", type=int, default=5)
+    g.add_argument("--first-turn-len", type=int, default=2048)
+    g.add_argument("--chat-rate", type=float, default=3.0)
+    g = p.add_argument_group("rag workload (Zipf document reuse)")
+    g.add_argument("--rag-num-prompts", type=int, default=40)
+    g.add_argument("--rag-docs", type=int, default=32)
+    g.add_argument("--rag-doc-len", type=int, default=4096)
+    g.add_argument("--rag-zipf", type=float, default=1.1)
+    g.add_argument("--rag-rate", type=float, default=2.0)
+    g = p.add_argument_group("custom workloads' answers")
+    g.add_argument("--output-len", type=int, default=128, help="answer length (system, multi_turn, rag)")
+    g = p.add_argument_group("decode workload (decode-heavy)")
+    g.add_argument("--decode-num-prompts", type=int, default=48)
+    g.add_argument("--decode-input-len", type=int, default=512)
+    g.add_argument("--decode-output-len", type=int, default=512)
+    g.add_argument("--decode-concurrency", type=int, default=24)
+    g = p.add_argument_group("vLLM's prefix_repetition dataset")
     g.add_argument("--prefix-len", type=int, default=2500)
     g.add_argument("--suffix-len", type=int, default=500)
     g.add_argument("--num-prefixes", type=int, default=16)
     g.add_argument("--prefix-output-len", type=int, default=64)
     g.add_argument("--prefix-num-prompts", type=int, default=384)
     g.add_argument("--request-rate", type=float, default=24.0)
-    g = p.add_argument_group("random workload (decode-heavy)")
+    g = p.add_argument_group("vLLM's random dataset")
     g.add_argument("--random-input-len", type=int, default=300)
     g.add_argument("--random-output-len", type=int, default=512)
     g.add_argument("--random-num-prompts", type=int, default=256)
     g.add_argument("--max-concurrency", type=int, default=64)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in args.workloads.split(","):
+        if name.split(":")[0] not in CUSTOM + VLLM_DATASETS:
+            known = ", ".join(CUSTOM[1:] + VLLM_DATASETS)
+            p.error(f"unknown workload {name!r}; expected system:LEN or one of {known}")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    return args
+
+
+def schedule(modes: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, mode) of each server, modes alternated round by round."""
+    return [(r, mode) for r in range(rounds) for mode in modes]
 
 
 def mode_serve_args(mode: str) -> tuple[list[str], bool]:
@@ -85,35 +143,75 @@ def mode_serve_args(mode: str) -> tuple[list[str], bool]:
     if mode == "off":
         return ["--no-enable-prefix-caching"], False
     if mode == "align":
-        return ["--enable-prefix-caching", "--mamba-cache-mode", "align"], False
+        return ["--enable-prefix-caching"], False
     if mode == "lighter":
         return [], True
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
 
 
-def client_args(args: argparse.Namespace, workload: str, seed: int) -> list[str]:
-    """`vllm bench serve` arguments of one workload run."""
-    common = ["--backend", "vllm", "--model", args.model, "--seed", str(seed), "--ignore-eos",
-              "--num-warmups", str(args.num_warmups),
-              "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,90,99",
-              "--disable-tqdm"]
+def custom_workload(args: argparse.Namespace, name: str, seed: int) -> serving_workloads.Workload:
+    """A custom-dataset workload of the command line, for one seed."""
+    kind, _, length = name.partition(":")
+    w = serving_workloads
+    if kind == "system":
+        return w.system_prompt(seed, int(length), args.system_num_prompts, args.system_num_prefixes,
+                               output_len=args.output_len, request_rate=args.system_rate)
+    if kind == "multi_turn":
+        return w.multi_turn(seed, args.chats, args.turns, args.first_turn_len, output_len=args.output_len,
+                            request_rate=args.chat_rate)
+    if kind == "rag":
+        return w.rag(seed, args.rag_num_prompts, args.rag_docs, args.rag_doc_len, args.rag_zipf,
+                     output_len=args.output_len, request_rate=args.rag_rate)
+    if kind == "decode":
+        return w.decode(seed, args.decode_num_prompts, args.decode_input_len, args.decode_output_len,
+                        args.decode_concurrency)
+    raise ValueError(f"unknown workload {name!r}")
+
+
+COMMON = ["--backend", "vllm", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl",
+          "--metric-percentiles", "50,90,99", "--disable-tqdm"]
+
+
+def custom_client_args(workload: serving_workloads.Workload, dataset_path: str) -> list[str]:
+    """`vllm bench serve` arguments that send a custom workload's requests in order."""
+    argv = ["--dataset-name", "custom", "--dataset-path", dataset_path, "--custom-output-len", "-1",
+            "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(len(workload.requests))]
+    if workload.request_rate is not None:
+        argv += ["--request-rate", str(workload.request_rate)]
+    if workload.max_concurrency is not None:
+        argv += ["--max-concurrency", str(workload.max_concurrency)]
+    return argv
+
+
+def vllm_dataset_client_args(args: argparse.Namespace, workload: str, warmup: bool) -> list[str]:
+    """`vllm bench serve` arguments of vLLM's own datasets (a warm-up sends a quarter)."""
+    scale = args.warmup_fraction if warmup else 1.0
     if workload == "prefix_repetition":
-        return common + [
-            "--dataset-name", "prefix_repetition",
-            "--prefix-repetition-prefix-len", str(args.prefix_len),
-            "--prefix-repetition-suffix-len", str(args.suffix_len),
-            "--prefix-repetition-num-prefixes", str(args.num_prefixes),
-            "--prefix-repetition-output-len", str(args.prefix_output_len),
-            "--num-prompts", str(args.prefix_num_prompts), "--request-rate", str(args.request_rate),
-        ]
-    if workload == "random":
-        return common + [
-            "--dataset-name", "random",
-            "--random-input-len", str(args.random_input_len),
+        return ["--dataset-name", "prefix_repetition",
+                "--prefix-repetition-prefix-len", str(args.prefix_len),
+                "--prefix-repetition-suffix-len", str(args.suffix_len),
+                "--prefix-repetition-num-prefixes", str(args.num_prefixes),
+                "--prefix-repetition-output-len", str(args.prefix_output_len),
+                "--num-prompts", str(max(4, int(args.prefix_num_prompts * scale))),
+                "--request-rate", str(args.request_rate)]
+    return ["--dataset-name", "random", "--random-input-len", str(args.random_input_len),
             "--random-output-len", str(args.random_output_len),
-            "--num-prompts", str(args.random_num_prompts), "--max-concurrency", str(args.max_concurrency),
-        ]
-    raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
+            "--num-prompts", str(max(4, int(args.random_num_prompts * scale))),
+            "--max-concurrency", str(args.max_concurrency)]
+
+
+def client_args(
+    args: argparse.Namespace, workload: str, seed: int, tmp: str, warmup: bool = False
+) -> list[str]:
+    """`vllm bench serve` arguments of one run of a workload (its dataset written under tmp)."""
+    common = COMMON + ["--model", args.model, "--seed", str(seed)]
+    if workload in VLLM_DATASETS:
+        return common + vllm_dataset_client_args(args, workload, warmup)
+    custom = custom_workload(args, workload, seed)
+    if warmup:
+        custom = serving_workloads.warm_up_of(custom, args.warmup_fraction)
+    path = custom.write(Path(tmp, f"{custom.name}-{seed}.jsonl"))
+    return common + custom_client_args(custom, str(path))
 
 
 def run_client(base_url: str, argv: list[str]) -> dict:
@@ -184,14 +282,19 @@ def sampled(base_url: str) -> Iterator[list[tuple[float, float]]]:
         thread.join()
 
 
-def num_gpu_blocks(values: dict[str, float]) -> int | None:
-    """The pool's size from vLLM's ``cache_config_info`` labels."""
+def cache_config_label(values: dict[str, float], label: str) -> int | None:
+    """An integer label of vLLM's ``cache_config_info`` (``num_gpu_blocks``, ``block_size``)."""
     for name in values:
         if name.startswith("vllm:cache_config_info{"):
-            found = re.search(r'num_gpu_blocks="(\d+)"', name)
+            found = re.search(label + r'="(\d+)"', name)
             if found:
                 return int(found.group(1))
     return None
+
+
+def num_gpu_blocks(values: dict[str, float]) -> int | None:
+    """The pool's size from vLLM's ``cache_config_info`` labels."""
+    return cache_config_label(values, "num_gpu_blocks")
 
 
 def pool_use(samples: list[tuple[float, float]], num_blocks: int | None) -> dict:
@@ -208,34 +311,74 @@ def counter_delta(before: dict[str, float], after: dict[str, float], name: str) 
     return metric_total(after, name) - metric_total(before, name)
 
 
-def run_mode(args: argparse.Namespace, mode: str, log_dir: str) -> list[dict]:
+def run_diagnostics(before: dict[str, float], after: dict[str, float], completed: int) -> dict:
+    """What the server did for one run, from its counters: hit rate, engine steps per request,
+    tokens per step, mean prefill time, preemptions, states cached per request (lighter only:
+    vLLM has no such counter for align)."""
+    def delta(name: str) -> float:
+        return counter_delta(before, after, name)
+
+    queries, steps = delta("vllm:prefix_cache_queries_total"), delta(STEPS + "_count")
+    drafts, prefills = delta("vllm:spec_decode_num_draft_tokens_total"), delta(PREFILL_TIME + "_count")
+    per_request = completed or None
+    return {
+        "hit_rate": delta("vllm:prefix_cache_hits_total") / queries if queries else 0.0,
+        "draft_acceptance": delta("vllm:spec_decode_num_accepted_tokens_total") / drafts if drafts else None,
+        "steps_per_request": steps / per_request if per_request else None,
+        "tokens_per_step": delta(STEPS + "_sum") / steps if steps else None,
+        "mean_prefill_ms": 1000 * delta(PREFILL_TIME + "_sum") / prefills if prefills else None,
+        "preemptions": delta(PREEMPTIONS),
+        "states_cached_per_request": (delta(STATES_CACHED) / per_request
+                                      if per_request and STATES_CACHED in _names(after) else None),
+    }
+
+
+def _names(values: dict[str, float]) -> set[str]:
+    return {name.partition("{")[0] for name in values}
+
+
+def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: int, tmp: str) -> dict:
+    """One measured run of a workload against a running server, with its diagnostics."""
+    before = metrics(base_url)
+    with sampled(base_url) as samples:
+        result = run_client(base_url, client_args(args, workload, seed, tmp))
+    after = metrics(base_url)
+    pool_size = num_gpu_blocks(after)
+    row = {key: result.get(key) for key, _ in METRICS}
+    row.update(run_diagnostics(before, after, result.get("completed") or 0))
+    row.update(workload=workload, completed=result.get("completed"), num_gpu_blocks=pool_size,
+               block_size=cache_config_label(after, "block_size"),
+               total_input_tokens=result.get("total_input_tokens"), duration_s=result.get("duration"),
+               **pool_use(samples, pool_size))
+    return row
+
+
+def run_server(args: argparse.Namespace, round_: int, mode: str, log_path: str) -> list[dict]:
+    """One server of the schedule: (first round) the probe, a warm-up pass of every workload
+    with another seed, then every workload's measured run with the round's seed."""
     extra, lighter = mode_serve_args(mode)
     serve_args = extra + ["--enable-prompt-tokens-details"] + shlex.split(args.serve_args)
+    workloads = args.workloads.split(",")
+    seed = args.seed + round_
     runs = []
-    log_path = os.path.join(log_dir, f"server-{mode}.log")
+    started = time.monotonic()
     with serve(args.model, serve_args, lighter=lighter, log_path=log_path,
-               ready_timeout=args.ready_timeout) as base_url:
-        if args.probe:
-            runs.append({"mode": mode, "workload": "probe", "requests": run_probe(base_url, args.model)})
+               ready_timeout=args.ready_timeout) as base_url, tempfile.TemporaryDirectory() as tmp:
+        ready_s = time.monotonic() - started
+        if args.probe and round_ == 0:
+            runs.append({"mode": mode, "round": round_, "workload": "probe",
+                         "requests": run_probe(base_url, args.model)})
             print(json.dumps(runs[-1]), flush=True)
-        for repeat in range(args.repeats):
-            for workload in args.workloads.split(","):
-                before = metrics(base_url)
-                with sampled(base_url) as samples:
-                    result = run_client(base_url, client_args(args, workload, args.seed + repeat))
-                after = metrics(base_url)
-                pool_size = num_gpu_blocks(after)
-                hits = counter_delta(before, after, "vllm:prefix_cache_hits_total")
-                queries = counter_delta(before, after, "vllm:prefix_cache_queries_total")
-                drafts = counter_delta(before, after, "vllm:spec_decode_num_draft_tokens_total")
-                accepted = counter_delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
-                row = {key: result.get(key) for key, _ in METRICS}
-                row.update(mode=mode, workload=workload, repeat=repeat, completed=result.get("completed"),
-                           hit_rate=hits / queries if queries else 0.0,
-                           draft_acceptance=accepted / drafts if drafts else None,
-                           num_gpu_blocks=pool_size, **pool_use(samples, pool_size))
-                print(json.dumps(row), flush=True)
-                runs.append(row)
+        warm_started = time.monotonic()
+        if args.warmup_fraction > 0:
+            for workload in workloads:
+                run_client(base_url, client_args(args, workload, seed + 10_000, tmp, warmup=True))
+        warmup_s = time.monotonic() - warm_started
+        for workload in workloads:
+            row = run_workload(args, base_url, workload, seed, tmp)
+            row.update(mode=mode, round=round_, server_ready_s=ready_s, warmup_s=warmup_s)
+            print(json.dumps(row), flush=True)
+            runs.append(row)
     return runs
 
 
@@ -260,17 +403,19 @@ def probe_agreement(runs: list[dict]) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """{workload: {mode: {metric: median over repeats}}}, the ratios to align and off, and
-    the probe's agreement with prefix caching off."""
+    """{workload: {mode: {metric: median over rounds}}}, the spread (min, max) of each,
+    the ratios of the medians to align and off, and the probe's agreement with caching off."""
     table: dict = {}
     for run in runs:
-        if run["workload"] == "probe":
+        if run["workload"] in ("probe", "failed"):
             continue
         cell = table.setdefault(run["workload"], {}).setdefault(run["mode"], {})
         for key, _ in METRICS:
             if run.get(key) is not None:
                 cell.setdefault(key, []).append(run[key])
     medians = {w: {m: {k: statistics.median(v) for k, v in cells.items()} for m, cells in modes.items()}
+               for w, modes in table.items()}
+    spreads = {w: {m: {k: (min(v), max(v), len(v)) for k, v in cells.items()} for m, cells in modes.items()}
                for w, modes in table.items()}
     ratios: dict = {}
     for workload, modes in medians.items():
@@ -280,7 +425,11 @@ def summarize(runs: list[dict]) -> dict:
                     k: modes["lighter"][k] / modes[base][k]
                     for k in modes["lighter"] if modes[base].get(k)
                 }
-    return {"medians": medians, "ratios": ratios, "probe": probe_agreement(runs)}
+        if "align" in modes and "off" in modes:
+            ratios.setdefault(workload, {})["align/off"] = {
+                k: modes["align"][k] / modes["off"][k] for k in modes["align"] if modes["off"].get(k)
+            }
+    return {"medians": medians, "spreads": spreads, "ratios": ratios, "probe": probe_agreement(runs)}
 
 
 def print_table(summary: dict) -> None:
@@ -289,34 +438,50 @@ def print_table(summary: dict) -> None:
               f"{row['outputs_equal_off']}/{row['requests']} (with a hit: "
               f"{row['hit_outputs_equal_off']}/{row['requests_with_hits']})")
     for workload, modes in summary["medians"].items():
-        print(f"\n## {workload} (median of repeats)")
+        print(f"\n## {workload} (median of rounds, min-max, runs)")
         names = [m for m in MODES if m in modes]
         ratio_names = list(summary["ratios"].get(workload, {}))
         print("| metric | " + " | ".join(names + ratio_names) + " |")
         print("|---" * (1 + len(names) + len(ratio_names)) + "|")
         for key, label in METRICS:
-            cells = [f"{modes[m][key]:.4g}" if key in modes[m] else "-" for m in names]
+            cells = []
+            for m in names:
+                if key not in modes[m]:
+                    cells.append("-")
+                    continue
+                low, high, count = summary["spreads"][workload][m][key]
+                cells.append(f"{modes[m][key]:.4g} ({low:.4g}-{high:.4g}, {count})")
             cells += [f"{summary['ratios'][workload][r].get(key, float('nan')):.3f}" for r in ratio_names]
             print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.repeats < 1:
-        raise SystemExit("--repeats must be at least 1")
+    started = time.monotonic()
     log_dir = args.results_dir or tempfile.mkdtemp(prefix="lighter-serving-")
     os.makedirs(log_dir, exist_ok=True)
     runs: list[dict] = []
-    for mode in args.modes.split(","):
-        saved = Path(log_dir, f"{mode}.json") if args.results_dir else None
-        if saved is not None and saved.exists():
+    for index, (round_, mode) in enumerate(schedule(args.modes.split(","), args.rounds)):
+        saved = Path(log_dir, f"{index:02d}-{mode}.json")
+        if args.results_dir and saved.exists():
             runs += json.loads(saved.read_text())
             continue
-        mode_runs = run_mode(args, mode, log_dir)
-        if saved is not None:
-            saved.write_text(json.dumps(mode_runs))
-        runs += mode_runs
+        if args.stop_after_s is not None and time.monotonic() - started > args.stop_after_s:
+            print(f"stop: {time.monotonic() - started:.0f} s passed; server {index} ({mode}) "
+                  f"and later not started", flush=True)
+            break
+        log_path = str(Path(log_dir, f"server-{index:02d}-{mode}.log"))
+        try:
+            server_runs = run_server(args, round_, mode, log_path)
+        except (RuntimeError, TimeoutError, OSError) as error:  # a failed server: the next one runs
+            print(f"server {index} ({mode}) failed: {error}"[:4000], flush=True)
+            runs.append({"mode": mode, "round": round_, "workload": "failed", "error": str(error)[-4000:]})
+            continue
+        if args.results_dir:
+            saved.write_text(json.dumps(server_runs))
+        runs += server_runs
     summary = summarize(runs)
+    summary["failed"] = [r for r in runs if r["workload"] == "failed"]
     print_table(summary)
     if args.output_json:
         Path(args.output_json).write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,94 @@ def test_num_gpu_blocks_from_cache_config_info_labels():
               'vllm:num_requests_running{engine="0"}': 3.0}
     assert serving.num_gpu_blocks(values) == 4321
     assert serving.num_gpu_blocks({}) is None
+
+
+def test_modes_alternate_round_by_round():
+    assert serving.schedule(["off", "align", "lighter"], 2) == [
+        (0, "off"), (0, "align"), (0, "lighter"), (1, "off"), (1, "align"), (1, "lighter")]
+
+
+def test_unknown_workload_is_one_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--model", "m", "--workloads", "system:8192,chat"])
+    assert "unknown workload 'chat'" in capsys.readouterr().err
+
+
+def test_custom_workload_is_sent_in_order_with_its_own_lengths_and_pacing(tmp_path):
+    args = serving.parse_args(["--model", "m", "--workloads", "system:4096,decode"])
+    argv = serving.client_args(args, "system:4096", 3, str(tmp_path))
+    assert argv[argv.index("--custom-output-len") + 1] == "-1"
+    assert "--disable-shuffle" in argv and "--skip-chat-template" in argv
+    assert argv[argv.index("--request-rate") + 1] == str(args.system_rate)
+    assert argv[argv.index("--num-prompts") + 1] == str(args.system_num_prompts)
+    warm = serving.client_args(args, "system:4096", 3, str(tmp_path), warmup=True)
+    assert warm[warm.index("--num-prompts") + 1] == str(args.system_num_prompts // 4)
+    decode = serving.client_args(args, "decode", 3, str(tmp_path))
+    assert "--request-rate" not in decode
+    assert decode[decode.index("--max-concurrency") + 1] == str(args.decode_concurrency)
+
+
+def test_diagnostics_come_from_counter_deltas():
+    before = {"vllm:prefix_cache_queries_total": 100.0, "vllm:prefix_cache_hits_total": 10.0,
+              "vllm:iteration_tokens_total_count": 5.0, "vllm:iteration_tokens_total_sum": 50.0,
+              "vllm:request_prefill_time_seconds_count": 2.0, "vllm:request_prefill_time_seconds_sum": 1.0,
+              'vllm:num_preemptions_total{engine="0"}': 1.0}
+    after = {"vllm:prefix_cache_queries_total": 1100.0, "vllm:prefix_cache_hits_total": 510.0,
+             "vllm:iteration_tokens_total_count": 45.0, "vllm:iteration_tokens_total_sum": 8050.0,
+             "vllm:request_prefill_time_seconds_count": 12.0, "vllm:request_prefill_time_seconds_sum": 3.0,
+             'vllm:num_preemptions_total{engine="0"}': 4.0}
+    d = serving.run_diagnostics(before, after, completed=10)
+    assert d["hit_rate"] == 0.5
+    assert d["steps_per_request"] == 4.0 and d["tokens_per_step"] == 200.0
+    assert d["mean_prefill_ms"] == pytest.approx(200.0)
+    assert d["preemptions"] == 3.0
+    assert d["states_cached_per_request"] is None  # not a lighter server
+    after['vllm:lighter_mamba_states_cached_total{engine="0"}'] = 30.0
+    assert serving.run_diagnostics(before, after, completed=10)["states_cached_per_request"] == 3.0
+
+
+def test_summary_has_medians_spreads_and_ratios():
+    runs = [{"workload": "rag", "mode": m, "round": r, "p50_ttft_ms": v}
+            for m, values in (("off", (100, 120)), ("align", (40, 60)), ("lighter", (30, 50)))
+            for r, v in enumerate(values)]
+    summary = serving.summarize(runs)
+    assert summary["medians"]["rag"]["lighter"]["p50_ttft_ms"] == 40
+    assert summary["spreads"]["rag"]["align"]["p50_ttft_ms"] == (40, 60, 2)
+    assert summary["ratios"]["rag"]["lighter/align"]["p50_ttft_ms"] == pytest.approx(0.8)
+    assert summary["ratios"]["rag"]["align/off"]["p50_ttft_ms"] == pytest.approx(50 / 110)
+
+
+def test_saved_servers_are_reused_and_none_starts_after_the_budget(tmp_path, monkeypatch):
+    started = []
+    clock = [0.0]
+
+    def fake_server(args, round_, mode, log_path):
+        started.append((round_, mode))
+        clock[0] += 100.0  # each server takes 100 s
+        return [{"workload": "rag", "mode": mode, "round": round_, "p50_ttft_ms": 1.0}]
+
+    monkeypatch.setattr(serving, "run_server", fake_server)
+    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
+    base = ["--model", "m", "--modes", "off,lighter", "--rounds", "2", "--results-dir", str(tmp_path)]
+    serving.main(base + ["--stop-after-s", "150"])  # starts at 0 s and 100 s; not at 200 s
+    assert started == [(0, "off"), (0, "lighter")]
+    serving.main(base)  # reuses both, runs the rest
+    assert started == [(0, "off"), (0, "lighter"), (1, "off"), (1, "lighter")]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "00-off.json", "01-lighter.json", "02-off.json", "03-lighter.json"]
+
+
+def test_a_failed_server_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
+    def fake_server(args, round_, mode, log_path):
+        if mode == "lighter":
+            raise RuntimeError("vllm serve exited with 1")
+        return [{"workload": "rag", "mode": mode, "round": round_, "p50_ttft_ms": 1.0}]
+
+    monkeypatch.setattr(serving, "run_server", fake_server)
+    out = tmp_path / "out.json"
+    serving.main(["--model", "m", "--modes", "lighter,off", "--rounds", "1", "--results-dir",
+                  str(tmp_path), "--output-json", str(out)])
+    result = json.loads(out.read_text())
+    assert [r["mode"] for r in result["failed"]] == ["lighter"]
+    assert result["medians"]["rag"]["off"]["p50_ttft_ms"] == 1.0
+    assert not (tmp_path / "00-lighter.json").exists()  # a later call retries it

@@ -85,3 +85,21 @@ def test_qwen3_next_remembers_a_state_a_thousand_tokens_back(tmp_path):
         right = model(later, past_key_values=cache).logits[0, -1].log_softmax(-1)
         wrong = model(later, past_key_values=wiped).logits[0, -1].log_softmax(-1)
     assert (right - wrong).abs().max() > 1.0
+
+
+def test_the_80b_shaped_model_has_qwen3_next_80b_sizes_and_no_weights(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from vllm_lighter_mamba.bench.tiny_models import build_tiny_model
+
+    out = build_tiny_model("qwen3_next_80b_shape", tmp_path / "m")
+    config = AutoConfig.from_pretrained(out)
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (48, 2048, 151936)
+    assert config.layer_types.count("full_attention") == 12 and config.layer_types[3] == "full_attention"
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (16, 2, 256)
+    assert (config.linear_num_key_heads, config.linear_num_value_heads) == (16, 32)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (64, 10, 512)
+    assert not list(out.glob("*.safetensors"))
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer("abc def").input_ids) == 7  # one token per byte
+    assert tokenizer.decode([151935]) == "<|unused_151935|>"

@@ -24,6 +24,9 @@ import torch
 ARCHS = ("qwen3_next", "qwen3_next_pp", "qwen3_next_mtp", "nemotron_h", "nemotron_h_mtp", "jamba")
 # Not tiny: built on the GPU host for benchmark figures only.
 LARGE_ARCHS = ("qwen3_next_1b", "qwen3_next_1b_mtp")
+# Config and tokenizer only, served with `vllm serve --load-format dummy` (random weights made
+# by vLLM on the GPU): the real model's sizes, too large to write out here.
+SHAPE_ONLY_ARCHS = ("qwen3_next_80b_shape",)
 VOCAB_SIZE = 320  # 256 byte tokens + specials, padded
 EOS_TOKEN_ID = 256
 LM_HEAD_SCALE = 8.0
@@ -230,12 +233,37 @@ def _qwen3_next_1b_mtp_config():
     return config
 
 
+def _qwen3_next_80b_shape_config():
+    """Qwen3-Next-80B-A3B's dimensions (Qwen/Qwen3-Next-80B-A3B-Instruct's config.json): 48
+    layers, 3 GatedDeltaNet to 1 gated full attention, hidden 2048, attention 16 query and 2 KV
+    heads of 256 (a quarter rotary, theta 1e7), GDN 16 key and 32 value heads of 128, a
+    convolution of 4, 10 routed experts of 512 plus a shared expert of 512 per token, vocabulary
+    151,936. Only the number of routed experts differs: 64 instead of 512, so that it fits one
+    H200 in bf16 (about 12B parameters); the per-token compute (about 3B active parameters), the
+    recurrent state per layer and the attention KV per token are the real model's."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)],
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_num_key_heads=16, linear_num_value_heads=32,
+        decoder_sparse_step=1, mlp_only_layers=[], num_experts=64, num_experts_per_tok=10,
+        moe_intermediate_size=512, shared_expert_intermediate_size=512, intermediate_size=5120,
+        norm_topk_prob=True, max_position_embeddings=262144, rms_norm_eps=1e-6,
+        **TOKEN_IDS,
+    )
+
+
 CONFIGS = {
     "qwen3_next": _qwen3_next_config,
     "qwen3_next_pp": _qwen3_next_pp_config,
     "qwen3_next_mtp": _qwen3_next_mtp_config,
     "qwen3_next_1b": _qwen3_next_1b_config,
     "qwen3_next_1b_mtp": _qwen3_next_1b_mtp_config,
+    "qwen3_next_80b_shape": _qwen3_next_80b_shape_config,
     "nemotron_h": _nemotron_h_config,
     "nemotron_h_mtp": _nemotron_h_mtp_config,
     "jamba": _jamba_config,
@@ -244,14 +272,17 @@ CONFIGS = {
 MTP_WEIGHTS = {"qwen3_next": add_qwen3_next_mtp_weights, "nemotron_h": add_nemotron_h_mtp_weights}
 
 
-def build_tokenizer():
-    """Byte-level tokenizer: every byte is one token, no merges."""
+def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """Byte-level tokenizer: every byte is one token, no merges. Ids past the bytes and the
+    special token (up to ``vocab_size``) decode to ``<|unused_ID|>``, so that a model with a
+    large vocabulary can output any id; encoding never produces them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     byte_to_unicode = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(byte_to_unicode))}
     vocab["<|endoftext|>"] = EOS_TOKEN_ID
+    vocab.update({f"<|unused_{i}|>": i for i in range(EOS_TOKEN_ID + 1, vocab_size)})
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -267,8 +298,10 @@ def build_tokenizer():
 def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, device: str = "cpu") -> Path:
     """Write a random-weight model and its tokenizer to ``out_dir``."""
     if arch not in CONFIGS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS + LARGE_ARCHS)}")
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(CONFIGS)}")
     config = CONFIGS[arch]()
+    if arch in SHAPE_ONLY_ARCHS:
+        return save_shape_only(config, out_dir)
     out = save_random_model(config, out_dir, seed, device, slow_decay=arch in ARCHS)
     if getattr(config, "num_nextn_predict_layers", 0):
         MTP_WEIGHTS[config.model_type](out, config, torch.Generator().manual_seed(seed + 1))
@@ -300,6 +333,18 @@ def save_random_model(
     return out
 
 
+def save_shape_only(config, out_dir: str | Path) -> Path:
+    """A model directory with a config and the byte tokenizer, no weights: for
+    ``vllm serve --load-format dummy``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.architectures = ["Qwen3NextForCausalLM"] if config.model_type == "qwen3_next" else None
+    config.dtype = "bfloat16"
+    config.save_pretrained(out)
+    build_tokenizer(config.vocab_size).save_pretrained(out)
+    return out
+
+
 def set_slow_decay(model: torch.nn.Module, generator: torch.Generator) -> None:
     """Every recurrent layer's decay rates ``A`` (``A_log``: GatedDeltaNet, Mamba2, Mamba1)
     redrawn from :data:`SLOW_DECAY`, their ``dt_bias`` (GatedDeltaNet, Mamba2) set to 0."""
@@ -316,7 +361,7 @@ def set_slow_decay(model: torch.nn.Module, generator: torch.Generator) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", choices=ARCHS + LARGE_ARCHS, required=True)
+    parser.add_argument("--arch", choices=ARCHS + LARGE_ARCHS + SHAPE_ONLY_ARCHS, required=True)
     parser.add_argument("--device", default="cpu", help="where to initialize the weights")
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
