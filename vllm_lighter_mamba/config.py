@@ -26,8 +26,9 @@ CONFIG_KEY = "lighter_mamba_cache"
 SETTINGS_KEY = "lighter_mamba_retention"
 
 # Weight of the utility term against recency (``retention_policy.eviction_score``); chosen by
-# the sweep over multi-prefix and multi-turn-sessions in docs/benchmarks.md.
-DEFAULT_ALPHA = 4.0
+# the sweeps against vLLM 0.34's align in docs/benchmarks.md (2026-12-03: 16, the one value that
+# kept 1.3x align at every pressure point of multi-prefix, multi-turn and repeat; was 4).
+DEFAULT_ALPHA = 16.0
 
 # Share of the pool that cold-prompt checkpoints nobody resumed from yet may hold under
 # pressure before the oldest go first (docs/benchmarks.md).

@@ -24,7 +24,7 @@ from vllm_lighter_mamba.envs import LighterMambaConfigError
 from vllm_lighter_mamba.patch._util import original
 from vllm_lighter_mamba.v1.core import block_pool_retention
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention, retention_of
-from vllm_lighter_mamba.v1.core.retention_plan import RetentionPlans, plan_request
+from vllm_lighter_mamba.v1.core.retention_plan import RetentionPlan, RetentionPlans, plan_request
 from vllm_lighter_mamba.v1.core.retention_policy import (
     checkpoint_budget,
     decode_end_boundary,
@@ -282,6 +282,62 @@ def test_bet_record_and_share():
         won, lost = settle_bet(won, lost, outcome_won=False)
     won, lost = settle_bet(won, lost, outcome_won=True)
     assert won == 1.0 and 250 < lost < 256
+
+
+def test_a_prompt_end_outranks_its_own_decode_end_until_a_continuation_passes_it():
+    """A request's prompt end (16 tokens) with its own decode end below it (24): the prompt
+    end is where a repeat of the prompt resumes (the decode end is past the prompt), so it is
+    a sequence end, not a pass-through, and the decode end goes first. Once a continuation
+    resumed from the decode end, the prompt end is a pass-through (recency alone) and goes
+    first. (Marconi: states at branch points and sequence ends.)"""
+    def run(continued: bool):
+        p = Pool(num_blocks=48)
+        tokens = list(range(1, 6 * BS + 2))
+        plan = RetentionPlan(stops=(), checkpoints=(), last_prompt_boundary=4 * BS, decode_end=6 * BS)
+        p.plans.set("a", plan)
+        _, states = p.chain("a", 6, [3, 5])
+        request = make_request(SimRequest("a", tokens, 1), BS)
+        request.num_computed_tokens = len(tokens)
+        p.retention.request_released(request, use_eagle=False)  # both ranked afresh, same recency
+        prompt_end = p.retention.tree.nodes[states[3][0].block_hash[:-4]]
+        assert prompt_end.prompt_end and prompt_end.resumable and not prompt_end.provisional
+        if continued:
+            p.retention.state_hit(states[5][0].block_hash[:-4], repeat=False)
+            assert not prompt_end.prompt_end
+        p.drain_free()
+        p.pool.get_new_blocks(3)
+        return cached(states[3]), cached(states[5])
+
+    assert run(continued=False) == (True, False)
+    assert run(continued=True) == (False, True)
+
+
+def test_decode_ends_beyond_their_share_go_before_ranked_states():
+    """A decode end kept for a next turn nobody has resumed from yet is a bet on a
+    continuation: beyond its share of the pool (here none) it goes before any ranked state,
+    even an older one (every prompt distinct, exact repeats: no next turn ever comes). Once a
+    next turn resumed from it, it is an ordinary ranked state."""
+    def run(continued: bool):
+        p = Pool(num_blocks=48, checkpoint_share=0.0)
+        _, old = p.chain("old", 4, [3], first_token=500)  # ranked, released first
+        plan = RetentionPlan(stops=(), checkpoints=(), last_prompt_boundary=4 * BS, decode_end=6 * BS)
+        p.plans.set("a", plan)
+        tokens = list(range(1, 6 * BS + 2))
+        _, states = p.chain("a", 6, [3, 5])
+        request = make_request(SimRequest("a", tokens, 1), BS)
+        request.num_computed_tokens = len(tokens)
+        p.retention.request_released(request, use_eagle=False)
+        decode_end = p.retention.tree.nodes[states[5][0].block_hash[:-4]]
+        assert decode_end.continuation and len(p.retention.tiers.continuations) == 1
+        if continued:
+            p.retention.state_hit(decode_end.key, repeat=False)
+            assert not decode_end.continuation and not p.retention.tiers.continuations
+        p.drain_free()
+        p.pool.get_new_blocks(3)
+        return cached(old[3]), cached(states[5]), p.evicted()
+
+    assert run(continued=False) == (True, False, {"unproven_continuation": 3})
+    assert run(continued=True) == (False, True, {"ranked_state": 3})
 
 
 def test_a_partial_state_goes_first():

@@ -47,7 +47,7 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     is_checkpoint_bet,
 )
 from vllm_lighter_mamba.v1.core.retention_tiers import EvictionTiers
-from vllm_lighter_mamba.v1.core.retention_tree import PrefixTree
+from vllm_lighter_mamba.v1.core.retention_tree import PrefixTree, nearest_state_above
 from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
 
 _ATTR = "_lighter_mamba_retention"
@@ -118,6 +118,10 @@ class StateRetention:
             node.resumable = shared or own
             node.provisional = own and not shared
             node.shared = shared
+            node.prompt_end = own and position == plan.last_prompt_boundary
+            # Its decode end (past the prompt): a bet on a next turn, as a checkpoint is on a
+            # follower; beyond their share the unproven ones go first (``EvictionTiers.pick``).
+            node.continuation = own and not shared and position == plan.decode_end and not node.prompt_end
             # The checkpoints as the scheduler chose them at the request's first admission.
             junction = request.shared_prefix_boundary - request.shared_prefix_boundary % bs
             node.bet = (
@@ -132,9 +136,18 @@ class StateRetention:
         if node is not None:
             node.resumable = True
             node.provisional = False
-            if node.bet:
+            if node.bet or node.continuation:
                 self.tiers.settle(node, won=True)
             node.shared = node.shared or repeat
+            if not repeat:
+                # A continuation resumed here and goes on: this state, and the prompt end
+                # above it whose decode led here, are pass-throughs once deeper states hang
+                # below them (``EvictionTiers.utility``).
+                node.prompt_end = False
+                above = nearest_state_above(node)
+                if above is not None and above.prompt_end:
+                    above.prompt_end = False
+                    self.tiers.pass_through(above)
 
     def request_released(self, request: Any, use_eagle: bool) -> None:
         """The request finished or was preempted: its deepest state is where a continuation

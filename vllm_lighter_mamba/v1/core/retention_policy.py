@@ -41,6 +41,7 @@ EVICTION_REASONS = (
     "attention_past_state",
     "dropped_state",
     "unproven_checkpoint",
+    "unproven_continuation",
     "ranked_state",
     "lru",
 )

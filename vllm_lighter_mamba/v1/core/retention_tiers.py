@@ -8,7 +8,8 @@ in the order victims are taken (``retention_policy.EVICTION_REASONS``):
 2. attention past the deepest state cached on its chain (a hit can never reach it);
 3. dropped states (not admitted: no later request is expected to resume there);
 4. checkpoint bets beyond their share of the pool (``retention_policy.checkpoint_budget``),
-   oldest first;
+   oldest first; then, the same way on their own record, continuation bets (decode ends no
+   next turn has resumed from yet);
 5. admitted states in a heap by ``retention_policy.eviction_score``.
 
 Entries are invalidated lazily: each is checked when taken (a block touched by a hit since,
@@ -87,6 +88,10 @@ class EvictionTiers:
         # Checkpoint bets settled lately (decayed): a follower resumed there, or it was lost.
         self.bets_won = 0.0
         self.bets_lost = 0.0
+        # The same for decode ends kept for a next turn (continuation bets), on their own record.
+        self.continuations: OrderedDict[BlockHash, None] = OrderedDict()
+        self.continuations_won = 0.0
+        self.continuations_lost = 0.0
 
     # --- the prefix tree's listener -----------------------------------------------------
 
@@ -98,6 +103,7 @@ class EvictionTiers:
         self.released.pop(key, None)
         self.dropped.pop(key, None)
         self.bets.pop(key, None)
+        self.continuations.pop(key, None)
 
     def unreachable(self, key: BlockHash) -> None:
         self.dead_attention[key] = None
@@ -112,10 +118,18 @@ class EvictionTiers:
     # --- state changes told by the pool adapter ------------------------------------------
 
     def settle(self, node: PrefixNode, won: bool) -> None:
-        """A checkpoint bet is over: it is an ordinary state from now on (or gone)."""
-        self.bets_won, self.bets_lost = settle_bet(self.bets_won, self.bets_lost, won)
-        node.bet = False
-        self.bets.pop(node.key, None)
+        """A checkpoint's or continuation's bet is over: it is an ordinary state from now on
+        (or gone)."""
+        if node.bet:
+            self.bets_won, self.bets_lost = settle_bet(self.bets_won, self.bets_lost, won)
+            node.bet = False
+            self.bets.pop(node.key, None)
+        if node.continuation:
+            self.continuations_won, self.continuations_lost = settle_bet(
+                self.continuations_won, self.continuations_lost, won
+            )
+            node.continuation = False
+            self.continuations.pop(node.key, None)
 
     def tick(self) -> None:
         """A cached page was released."""
@@ -130,6 +144,9 @@ class EvictionTiers:
             if node.bet:
                 self.bets.pop(block_hash, None)
                 self.bets[block_hash] = None  # most recent last
+            if node.continuation:
+                self.continuations.pop(block_hash, None)
+                self.continuations[block_hash] = None  # most recent last
         else:
             self.dropped.pop(block_hash, None)
             self.dropped[block_hash] = None  # most recent last
@@ -173,13 +190,15 @@ class EvictionTiers:
         """The state's utility now (it changes as states around it come and go)."""
         if node.provisional:
             return 0.0  # its request still runs: recency alone until it lets go
-        if node.live_children > 0 and not node.branched and not node.shared:
+        if node.live_children > 0 and not node.branched and not node.shared and not node.prompt_end:
             # Kept for its own request's continuation, and that continuation has since
             # cached a deeper state on a path that never branched: only a request diverging
             # between the two would resume here (Marconi keeps states at branch points and
             # sequence ends only). A conversation's earlier turns are the common case.
             # Ranked by recency alone. (Checkpoints and junction stops are expected branch
-            # points and keep their utility.)
+            # points and keep their utility; so does a prompt's last boundary until a
+            # continuation resumes past it: the states below are its own decode's, which a
+            # repeat of the prompt cannot use.)
             return 0.0
         ancestor = nearest_state_above(node)
         bs = self.block_size
@@ -252,6 +271,11 @@ class EvictionTiers:
         budget = checkpoint_budget(pool_states, self.checkpoint_share, self.bets_won, self.bets_lost)
         drain(self.bets, "unproven_checkpoint", pages.state_pages,
               lambda node: node is None or not node.state or not node.bet, whole_state=True,
+              floor=budget)
+        budget = checkpoint_budget(pool_states, self.checkpoint_share, self.continuations_won,
+                                   self.continuations_lost)
+        drain(self.continuations, "unproven_continuation", pages.state_pages,
+              lambda node: node is None or not node.state or not node.continuation, whole_state=True,
               floor=budget)
         while len(victims) < count and self.ranked:
             entry = heapq.heappop(self.ranked)

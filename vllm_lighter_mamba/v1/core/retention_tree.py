@@ -24,7 +24,8 @@ class PrefixNode:
     """A cached prefix (one block hash) on a chain that leads to a cached state."""
 
     __slots__ = ("key", "parent", "children", "index", "state", "live_children", "resumable", "admitted",
-                 "dropped", "branched", "provisional", "shared", "bet")
+                 "dropped", "branched", "provisional", "shared", "bet", "prompt_end",
+                 "continuation")
 
     def __init__(self, key: BlockHash, parent: PrefixNode | None, index: int) -> None:
         self.key = key
@@ -46,6 +47,13 @@ class PrefixNode:
         # A cold-prompt checkpoint nobody resumed from yet: a bet on a branch point, and a
         # state align would not have cached.
         self.bet = False
+        # The prompt's last boundary of the request that cached it, and no continuation has
+        # resumed past it yet: the deeper states below it are that request's own decode's,
+        # which a repeat of the prompt cannot reach (a sequence end, not a pass-through).
+        self.prompt_end = False
+        # The boundary its request's decode ends on, kept for a next turn nobody has resumed
+        # from yet: a bet on a continuation (settled like a checkpoint bet, on its own record).
+        self.continuation = False
 
     @property
     def live(self) -> bool:
@@ -56,7 +64,7 @@ class TreeListener(Protocol):
     """What the tree tells about its changes (implemented by ``retention_tiers.EvictionTiers``)."""
 
     def bet_lost(self, node: PrefixNode) -> None:
-        """A checkpoint bet's state is gone before anyone resumed from it."""
+        """A checkpoint's or continuation's bet: its state is gone before anyone resumed from it."""
 
     def forget(self, key: BlockHash) -> None:
         """The state at ``key`` is gone: its entries among the released states are stale."""
@@ -103,7 +111,7 @@ class PrefixTree:
         was_live = node.live
         node.state = value
         if not value:
-            if node.bet:
+            if node.bet or node.continuation:
                 self.listener.bet_lost(node)
             self.listener.forget(node.key)
         if node.live != was_live:
@@ -135,7 +143,7 @@ class PrefixTree:
             current = stack.pop()
             if current.state:
                 orphaned.append(current.key)
-                if current.bet:
+                if current.bet or current.continuation:
                     self.listener.bet_lost(current)
             stack.extend(current.children)
             del self.nodes[current.key]

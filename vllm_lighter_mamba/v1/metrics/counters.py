@@ -38,6 +38,7 @@ class LighterMambaCounters:
     evicted_pages_attention_past_state: int = 0
     evicted_pages_dropped_state: int = 0
     evicted_pages_unproven_checkpoint: int = 0
+    evicted_pages_unproven_continuation: int = 0
     evicted_pages_ranked_state: int = 0
     evicted_pages_lru: int = 0
     # Prompt tokens whose attention KV was cached but that had no Mamba state at that

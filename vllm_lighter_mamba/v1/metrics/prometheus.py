@@ -38,6 +38,8 @@ DOCS = {
     "evicted_pages_dropped_state": "Cached pages evicted: a dropped state",
     "evicted_pages_unproven_checkpoint": "Cached pages evicted: a cold-prompt checkpoint nobody resumed "
     "from yet, beyond their share of the pool",
+    "evicted_pages_unproven_continuation": "Cached pages evicted: a decode end no next turn resumed "
+    "from yet, beyond their share of the pool",
     "evicted_pages_ranked_state": "Cached pages evicted: an admitted state, lowest recency + "
     "utility score first",
     "evicted_pages_lru": "Cached pages evicted in vLLM's LRU order (not picked by the policy)",
