@@ -184,19 +184,22 @@ def custom_client_args(workload: serving_workloads.Workload, dataset_path: str) 
 
 
 def vllm_dataset_client_args(args: argparse.Namespace, workload: str, warmup: bool) -> list[str]:
-    """`vllm bench serve` arguments of vLLM's own datasets (a warm-up sends a quarter)."""
-    scale = args.warmup_fraction if warmup else 1.0
+    """`vllm bench serve` arguments of vLLM's own datasets (a warm-up sends its share)."""
+    def count(num_prompts: int) -> str:
+        return str(serving_workloads.warm_up_count(num_prompts, args.warmup_fraction) if warmup
+                   else num_prompts)
+
     if workload == "prefix_repetition":
         return ["--dataset-name", "prefix_repetition",
                 "--prefix-repetition-prefix-len", str(args.prefix_len),
                 "--prefix-repetition-suffix-len", str(args.suffix_len),
                 "--prefix-repetition-num-prefixes", str(args.num_prefixes),
                 "--prefix-repetition-output-len", str(args.prefix_output_len),
-                "--num-prompts", str(max(4, int(args.prefix_num_prompts * scale))),
+                "--num-prompts", count(args.prefix_num_prompts),
                 "--request-rate", str(args.request_rate)]
     return ["--dataset-name", "random", "--random-input-len", str(args.random_input_len),
             "--random-output-len", str(args.random_output_len),
-            "--num-prompts", str(max(4, int(args.random_num_prompts * scale))),
+            "--num-prompts", count(args.random_num_prompts),
             "--max-concurrency", str(args.max_concurrency)]
 
 

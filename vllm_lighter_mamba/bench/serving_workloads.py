@@ -43,10 +43,6 @@ class Workload:
         path.write_text("".join(json.dumps(r) + "\n" for r in self.requests))
         return path
 
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(r["prompt"]) for r in self.requests)
-
 
 def words(rng: random.Random, length: int) -> str:
     """``length`` characters of lowercase words separated by spaces."""
@@ -122,10 +118,15 @@ def decode(seed: int, num_prompts: int = 64, input_len: int = 512, output_len: i
     return Workload("decode", requests, None, max_concurrency)
 
 
-def warm_up_of(workload: Workload, fraction: float = 0.25, minimum: int = 4) -> Workload:
+def warm_up_count(num_requests: int, fraction: float, minimum: int = 4) -> int:
+    """How many requests a warm-up pass of a workload of ``num_requests`` sends."""
+    return max(minimum, int(num_requests * fraction))
+
+
+def warm_up_of(workload: Workload, fraction: float = 0.25) -> Workload:
     """The workload's first requests (its own shapes and order), for a server's warm-up pass.
     Run with another seed than the measured pass, so that it leaves no prefix the measured
     pass could hit."""
-    count = max(minimum, int(len(workload.requests) * fraction))
+    count = warm_up_count(len(workload.requests), fraction)
     return Workload(workload.name + "-warmup", workload.requests[:count], workload.request_rate,
                     workload.max_concurrency)

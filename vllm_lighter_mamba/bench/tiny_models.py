@@ -244,6 +244,7 @@ def _qwen3_next_80b_shape_config():
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(
+        architectures=["Qwen3NextForCausalLM"], dtype="bfloat16",
         vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
         layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)],
         num_attention_heads=16, num_key_value_heads=2, head_dim=256,
@@ -338,8 +339,6 @@ def save_shape_only(config, out_dir: str | Path) -> Path:
     ``vllm serve --load-format dummy``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config.architectures = ["Qwen3NextForCausalLM"] if config.model_type == "qwen3_next" else None
-    config.dtype = "bfloat16"
     config.save_pretrained(out)
     build_tokenizer(config.vocab_size).save_pretrained(out)
     return out
