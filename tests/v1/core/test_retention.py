@@ -242,13 +242,13 @@ def test_checkpoint_bets_beyond_their_share_go_before_ranked_states():
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints 2, 4, 5 blocks; last 6
     nodes = {i: p.retention.tree.nodes[cold[i][0].block_hash[:-4]] for i in cold}
     assert [nodes[i].bet for i in (1, 3, 4, 5)] == [True, True, True, False]
-    assert len(p.retention.tiers.bets) == 3
+    assert len(p.retention.tiers.checkpoint_bets.queue) == 3
     p.drain_free()
     p.pool.get_new_blocks(3)  # one checkpoint bet too many: the oldest goes
     assert not any(b.block_hash for b in cold[1]) and cached(cold[3]) and cached(old[3])
     assert p.evicted() == {"unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # a follower resumed there
-    assert not nodes[4].bet and len(p.retention.tiers.bets) == 1
+    assert not nodes[4].bet and len(p.retention.tiers.checkpoint_bets.queue) == 1
     p.pool.get_new_blocks(3)  # within their share: ranking as usual (the oldest state)
     assert cached(cold[3]) and not any(b.block_hash for b in old[3])
     assert p.evicted() == {"unproven_checkpoint": 3, "ranked_state": 3}
@@ -263,14 +263,14 @@ def test_checkpoints_that_serve_no_follower_lose_their_share():
     _, cold = p.chain("cold", 6, [1, 3, 4, 5], cold=True)  # checkpoints after blocks 1, 3, 4
     p.drain_free()
     p.pool.evict_blocks({cold[1][0].block_id})  # lost (as a connector would evict it)
-    assert (p.retention.tiers.bets_won, p.retention.tiers.bets_lost) == (0.0, 1.0)
+    assert (p.retention.tiers.checkpoint_bets.won, p.retention.tiers.checkpoint_bets.lost) == (0.0, 1.0)
     # The lost state's other two pages first, then of the 2 checkpoints left (share: 20 x 0
     # won) the oldest, before the older ranked state.
     p.pool.get_new_blocks(5)
     assert not any(b.block_hash for b in cold[3]) and cached(cold[4]) and cached(old[3])
     assert p.evicted() == {"lru": 1, "orphan_state": 2, "unproven_checkpoint": 3}
     p.retention.state_hit(cold[4][0].block_hash[:-4], repeat=False)  # won: no bet any more
-    assert p.retention.tiers.bets_won == 1.0 and not p.retention.tiers.bets
+    assert p.retention.tiers.checkpoint_bets.won == 1.0 and not p.retention.tiers.checkpoint_bets.queue
 
 
 def test_bet_record_and_share():
@@ -328,10 +328,10 @@ def test_decode_ends_beyond_their_share_go_before_ranked_states():
         request.num_computed_tokens = len(tokens)
         p.retention.request_released(request, use_eagle=False)
         decode_end = p.retention.tree.nodes[states[5][0].block_hash[:-4]]
-        assert decode_end.continuation and len(p.retention.tiers.continuations) == 1
+        assert decode_end.continuation and len(p.retention.tiers.continuation_bets.queue) == 1
         if continued:
             p.retention.state_hit(decode_end.key, repeat=False)
-            assert not decode_end.continuation and not p.retention.tiers.continuations
+            assert not decode_end.continuation and not p.retention.tiers.continuation_bets.queue
         p.drain_free()
         p.pool.get_new_blocks(3)
         return cached(old[3]), cached(states[5]), p.evicted()

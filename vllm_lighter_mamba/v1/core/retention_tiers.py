@@ -50,6 +50,30 @@ class FreePages(Protocol):
         """Whether the state's page in the primary Mamba group is free (no request holds it)."""
 
 
+class BetBook:
+    """One kind of bet (a state align would not have cached, kept for a request that may come):
+    its released states, oldest first, and the decayed record of how such bets went lately
+    (``retention_policy.settle_bet``). Beyond their share of the pool
+    (``retention_policy.checkpoint_budget``, scaled by that record) the oldest go before any
+    ranked state."""
+
+    def __init__(self) -> None:
+        self.queue: OrderedDict[BlockHash, None] = OrderedDict()
+        self.won = 0.0
+        self.lost = 0.0
+
+    def settle(self, key: BlockHash, won: bool) -> None:
+        self.won, self.lost = settle_bet(self.won, self.lost, won)
+        self.queue.pop(key, None)
+
+    def released(self, key: BlockHash) -> None:
+        self.queue.pop(key, None)
+        self.queue[key] = None  # most recent last
+
+    def budget(self, pool_states: float, share: float) -> float:
+        return checkpoint_budget(pool_states, share, self.won, self.lost)
+
+
 class EvictionTiers:
     """The tiers of one pool (see the module docstring); also the prefix tree's listener."""
 
@@ -75,9 +99,10 @@ class EvictionTiers:
         self.orphans: OrderedDict[BlockHash, None] = OrderedDict()
         self.dead_attention: OrderedDict[BlockHash, None] = OrderedDict()
         self.dropped: OrderedDict[BlockHash, None] = OrderedDict()
-        # Released checkpoint bets (also ranked), oldest first: beyond their share, the
-        # oldest go before any ranked state.
-        self.bets: OrderedDict[BlockHash, None] = OrderedDict()
+        # Cold-prompt checkpoints nobody resumed from yet (a follower may), and decode ends
+        # no next turn resumed from yet, each on its own record; their states are also ranked.
+        self.checkpoint_bets = BetBook()
+        self.continuation_bets = BetBook()
         # (score, seq, block hash, clock when released); only the latest seq of a hash counts.
         self.ranked: list[tuple[float, int, BlockHash, int]] = []
         self.ranked_seq: dict[BlockHash, int] = {}
@@ -85,13 +110,6 @@ class EvictionTiers:
         self.seq = 0
         # Advances by one per cached page released: the recency of eviction_score.
         self.clock = 0
-        # Checkpoint bets settled lately (decayed): a follower resumed there, or it was lost.
-        self.bets_won = 0.0
-        self.bets_lost = 0.0
-        # The same for decode ends kept for a next turn (continuation bets), on their own record.
-        self.continuations: OrderedDict[BlockHash, None] = OrderedDict()
-        self.continuations_won = 0.0
-        self.continuations_lost = 0.0
 
     # --- the prefix tree's listener -----------------------------------------------------
 
@@ -102,8 +120,8 @@ class EvictionTiers:
         self.ranked_seq.pop(key, None)
         self.released.pop(key, None)
         self.dropped.pop(key, None)
-        self.bets.pop(key, None)
-        self.continuations.pop(key, None)
+        self.checkpoint_bets.queue.pop(key, None)
+        self.continuation_bets.queue.pop(key, None)
 
     def unreachable(self, key: BlockHash) -> None:
         self.dead_attention[key] = None
@@ -121,15 +139,11 @@ class EvictionTiers:
         """A checkpoint's or continuation's bet is over: it is an ordinary state from now on
         (or gone)."""
         if node.bet:
-            self.bets_won, self.bets_lost = settle_bet(self.bets_won, self.bets_lost, won)
+            self.checkpoint_bets.settle(node.key, won)
             node.bet = False
-            self.bets.pop(node.key, None)
         if node.continuation:
-            self.continuations_won, self.continuations_lost = settle_bet(
-                self.continuations_won, self.continuations_lost, won
-            )
+            self.continuation_bets.settle(node.key, won)
             node.continuation = False
-            self.continuations.pop(node.key, None)
 
     def tick(self) -> None:
         """A cached page was released."""
@@ -142,11 +156,9 @@ class EvictionTiers:
         elif node.resumable:
             self.rank(node)
             if node.bet:
-                self.bets.pop(block_hash, None)
-                self.bets[block_hash] = None  # most recent last
+                self.checkpoint_bets.released(block_hash)
             if node.continuation:
-                self.continuations.pop(block_hash, None)
-                self.continuations[block_hash] = None  # most recent last
+                self.continuation_bets.released(block_hash)
         else:
             self.dropped.pop(block_hash, None)
             self.dropped[block_hash] = None  # most recent last
@@ -268,15 +280,12 @@ class EvictionTiers:
               lambda node: node is not None and node.live, whole_state=False)
         drain(self.dropped, "dropped_state", pages.state_pages,
               lambda node: node is None or not node.state or node.resumable, whole_state=True)
-        budget = checkpoint_budget(pool_states, self.checkpoint_share, self.bets_won, self.bets_lost)
-        drain(self.bets, "unproven_checkpoint", pages.state_pages,
+        drain(self.checkpoint_bets.queue, "unproven_checkpoint", pages.state_pages,
               lambda node: node is None or not node.state or not node.bet, whole_state=True,
-              floor=budget)
-        budget = checkpoint_budget(pool_states, self.checkpoint_share, self.continuations_won,
-                                   self.continuations_lost)
-        drain(self.continuations, "unproven_continuation", pages.state_pages,
+              floor=self.checkpoint_bets.budget(pool_states, self.checkpoint_share))
+        drain(self.continuation_bets.queue, "unproven_continuation", pages.state_pages,
               lambda node: node is None or not node.state or not node.continuation, whole_state=True,
-              floor=budget)
+              floor=self.continuation_bets.budget(pool_states, self.checkpoint_share))
         while len(victims) < count and self.ranked:
             entry = heapq.heappop(self.ranked)
             score, seq, block_hash, released = entry
