@@ -98,15 +98,20 @@ Workers (per step)
 ``vllm.v1.attention.backends.{gdn_attn, mamba_attn, linear_attn, short_conv_attn}``, and the
 constructors of those modules' metadata builders
     What: state indices from our gather kernel (Triton on GPU, numba on CPU) for our spec;
-    builders of our spec do not reuse another group's metadata (``supports_update_block_table``
-    off).
+    the GDN builder's ``build`` and ``update_block_table`` (metadata reuse across GDN groups,
+    on CUDA) for our spec; builders of our spec other than GDN do not reuse another group's
+    metadata (``supports_update_block_table`` off).
     Why: the builders must read and write the block of this step in our layout;
-    ``update_block_table`` (GDN and Mamba builders on CUDA) re-reads a group's indices from
-    its raw block table in upstream's layout, the running block in column 0.
+    ``update_block_table`` re-reads a group's indices from its raw block table in upstream's
+    layout, the running block in column 0. Building the GDN metadata once per step instead of
+    once per GDN group (3 on Qwen3-Next-80B) saves host work on every step.
     How: the imported name is rebound in each module, other specs go to upstream's; the
-    constructors are wrapped (upstream runs first, the flag is set off for our spec only).
+    constructors are wrapped (upstream runs first, the flag is set off for our spec only,
+    GDN excepted); GDN's ``build`` records the step's ``seq_lens`` on its metadata and its
+    ``update_block_table`` passes upstream the group's gathered indices instead of the raw
+    table (a reused metadata without them is an error, never a guess).
     Upstream: dispatch on the spec in ``mamba_get_block_table_tensor`` and in
-    ``update_block_table``.
+    ``update_block_table``; GDN metadata that keeps ``seq_lens``.
 
 ``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs``,
 ``._update_states_after_model_execute`` and ``.initialize_kv_cache``

@@ -6,8 +6,10 @@ scans vLLM's sources for importers and fails on any module missing here.
 
 The same modules' builders may reuse one KV-cache group's metadata for the next group with
 ``update_block_table``, which re-reads state indices from that group's raw block table in
-upstream's layout (the running block in column 0); for our spec every group builds its own
-metadata, so every group's indices come from the gather.
+upstream's layout (the running block in column 0). The GDN builder keeps that reuse for our
+spec: its ``update_block_table`` is given the group's gathered indices (one gather launch)
+instead of the raw table, so a step builds the GDN metadata once, not once per GDN group
+(Qwen3-Next-80B: 3 groups). Every other builder of our spec builds per group.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import importlib
 import inspect
 from typing import Any
 
+from vllm_lighter_mamba.ops.state_indices import gather_state_indices
 from vllm_lighter_mamba.patch._util import original, replace_attr
 from vllm_lighter_mamba.v1.attention.backends.utils import lighter_mamba_block_table_tensor
 from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
@@ -46,14 +49,62 @@ def builder_classes() -> list[type]:
     return found
 
 
+# The builder whose metadata reuse is kept for our spec (its ``update_block_table`` gets the
+# gathered indices); every other builder of our spec builds per group.
+REUSING_BUILDER = ("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder")
+# Set on the metadata a reusing builder built: the step's seq_lens, which the next group's
+# ``update_block_table`` needs for its gather (vLLM's GDN metadata does not keep them).
+SEQ_LENS_ATTR = "lighter_mamba_seq_lens"
+
+
+def _ours(builder: Any) -> bool:
+    return isinstance(getattr(builder, "kv_cache_spec", None), LighterMambaSpec)
+
+
+def _is_reusing_builder(cls: type) -> bool:
+    return (cls.__module__, cls.__qualname__) == REUSING_BUILDER
+
+
 def _wrap_builder_init(init: Any) -> Any:
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        if isinstance(getattr(self, "kv_cache_spec", None), LighterMambaSpec):
+        # Upstream keeps the GDN reuse off for subclasses (KDA) and on the CPU; so do we.
+        if _ours(self) and not _is_reusing_builder(type(self)):
             self.supports_update_block_table = False
 
     return __init__
+
+
+def _wrap_build(build: Any) -> Any:
+    @functools.wraps(build)
+    def build_wrapper(self: Any, common_prefix_len: int, common_attn_metadata: Any,
+                      *args: Any, **kwargs: Any) -> Any:
+        metadata = build(self, common_prefix_len, common_attn_metadata, *args, **kwargs)
+        if _ours(self):
+            setattr(metadata, SEQ_LENS_ATTR, common_attn_metadata.seq_lens)
+        return metadata
+
+    return build_wrapper
+
+
+def _wrap_update_block_table(update: Any) -> Any:
+    @functools.wraps(update)
+    def update_block_table(self: Any, metadata: Any, blk_table: Any, slot_mapping: Any) -> Any:
+        if not _ours(self):
+            return update(self, metadata, blk_table, slot_mapping)
+        seq_lens = getattr(metadata, SEQ_LENS_ATTR, None)
+        if seq_lens is None:  # not built by a builder of our spec: never guess the layout
+            raise RuntimeError("lighter Mamba cache: GDN metadata reused without its seq_lens")
+        spec = self.kv_cache_spec
+        # Upstream's reuse reads column 0 (+ spec columns) of what it is given: our gather
+        # puts this group's running block there, as its own build would.
+        indices = gather_state_indices(blk_table, seq_lens, spec.block_size, spec.num_speculative_blocks)
+        updated = update(self, metadata, indices, slot_mapping)
+        setattr(updated, SEQ_LENS_ATTR, seq_lens)
+        return updated
+
+    return update_block_table
 
 
 def apply() -> None:
@@ -61,3 +112,7 @@ def apply() -> None:
         replace_attr(importlib.import_module(name), FUNCTION, lighter_mamba_block_table_tensor)
     for cls in builder_classes():
         replace_attr(cls, "__init__", _wrap_builder_init(original(cls, "__init__")))
+        if _is_reusing_builder(cls):
+            replace_attr(cls, "build", _wrap_build(original(cls, "build")))
+            replace_attr(cls, "update_block_table",
+                         _wrap_update_block_table(original(cls, "update_block_table")))
