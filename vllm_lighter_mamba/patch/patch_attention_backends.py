@@ -19,7 +19,6 @@ import importlib
 import inspect
 from typing import Any
 
-from vllm_lighter_mamba.ops.state_indices import gather_state_indices
 from vllm_lighter_mamba.patch._util import original, replace_attr
 from vllm_lighter_mamba.v1.attention.backends.utils import lighter_mamba_block_table_tensor
 from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
@@ -96,10 +95,10 @@ def _wrap_update_block_table(update: Any) -> Any:
         seq_lens = getattr(metadata, SEQ_LENS_ATTR, None)
         if seq_lens is None:  # not built by a builder of our spec: never guess the layout
             raise RuntimeError("lighter Mamba cache: GDN metadata reused without its seq_lens")
-        spec = self.kv_cache_spec
-        # Upstream's reuse reads column 0 (+ spec columns) of what it is given: our gather
-        # puts this group's running block there, as its own build would.
-        indices = gather_state_indices(blk_table, seq_lens, spec.block_size, spec.num_speculative_blocks)
+        # Upstream's reuse reads column 0 (+ spec columns) of what it is given: the builders'
+        # lookup puts this group's running block there, as its own build would.
+        indices = lighter_mamba_block_table_tensor(
+            blk_table, seq_lens, self.kv_cache_spec, self.vllm_config.cache_config.mamba_cache_mode)
         updated = update(self, metadata, indices, slot_mapping)
         setattr(updated, SEQ_LENS_ATTR, seq_lens)
         return updated
