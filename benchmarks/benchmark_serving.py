@@ -22,6 +22,15 @@ the schedule) and reused, so a schedule can be spread over calls of a time-limit
 ``--stop-after-s`` starts no further server once that many seconds have passed.
 The table reports, per workload and mode, the median over rounds with the spread (min-max),
 and the ratios of the medians to align and to off.
+
+``--concurrent`` starts one server per mode at once on the same GPU (their start-ups overlap, so
+three modes cost about one start-up; size each server with ``--serve-args
+"--kv-cache-memory-bytes N --gpu-memory-utilization F"``) and keeps them for every round: runs
+then alternate modes workload by workload, one server runs at a time, and the spread is the
+run-to-run spread of one server per mode (not the server-to-server spread of the default
+schedule). ``--profile-dir DIR --profile-workloads W`` adds, after the measured runs, one run
+per mode under vLLM's torch profiler (traces in DIR/MODE; ``benchmarks/profile_steps.py``
+reads them as a step timeline).
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vllm_lighter_mamba.bench import serving_workloads
-from vllm_lighter_mamba.bench.server import metric_total, metrics, serve
+from vllm_lighter_mamba.bench.server import ServerSpec, metric_total, metrics, serve_many
 
 MODES = ("off", "align", "lighter")
 # Workloads of serving_workloads (custom datasets) and vLLM's own datasets.
@@ -87,6 +96,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop-after-s", type=float, help="start no server after this many seconds")
     p.add_argument("--output-json", help="write all runs, medians, spreads and ratios here")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the server")
+    p.add_argument("--concurrent", action="store_true",
+                   help="one server per mode, all started at once (their start-ups overlap) and kept "
+                        "for every round; runs alternate modes workload by workload (size each "
+                        "server's memory with --serve-args, e.g. --kv-cache-memory-bytes)")
+    p.add_argument("--profile-dir", help="start each server with vLLM's torch profiler writing to "
+                   "DIR/MODE (off until a profiled run); the profiled runs follow the measured ones")
+    p.add_argument("--profile-workloads", default="",
+                   help="comma-separated workloads of one profiled run per mode (needs --profile-dir)")
+    p.add_argument("--profile-max-iterations", type=int, default=400,
+                   help="engine steps a profiled run records at most")
     p.add_argument("--no-probe", dest="probe", action="store_false",
                    help="skip the greedy correctness probe of each first-round server")
     g = p.add_argument_group("system:LEN workload (long shared system prompts)")
@@ -128,6 +147,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if name.split(":")[0] not in CUSTOM + VLLM_DATASETS:
             known = ", ".join(CUSTOM[1:] + VLLM_DATASETS)
             p.error(f"unknown workload {name!r}; expected system:LEN or one of {known}")
+    for name in filter(None, args.profile_workloads.split(",")):
+        if name not in args.workloads.split(","):
+            p.error(f"profiled workload {name!r} is not one of --workloads")
+    if args.profile_workloads and not args.profile_dir:
+        p.error("--profile-workloads needs --profile-dir")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     return args
@@ -136,6 +160,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def schedule(modes: list[str], rounds: int) -> list[tuple[int, str]]:
     """(round, mode) of each server, modes alternated round by round."""
     return [(r, mode) for r in range(rounds) for mode in modes]
+
+
+def concurrent_order(modes: list[str], round_: int) -> list[str]:
+    """The modes of one round of the concurrent schedule, rotated round by round so that no
+    mode always runs first after another mode's run."""
+    shift = round_ % len(modes)
+    return modes[shift:] + modes[:shift]
 
 
 def mode_serve_args(mode: str) -> tuple[list[str], bool]:
@@ -356,32 +387,126 @@ def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: i
     return row
 
 
+def profiler_serve_args(profile_dir: str, mode: str, max_iterations: int) -> list[str]:
+    """`vllm serve` flags of vLLM's torch profiler, writing to PROFILE_DIR/MODE. It records
+    nothing until a client starts it (`vllm bench serve --profile`)."""
+    config = {"profiler": "torch", "torch_profiler_dir": str(Path(profile_dir, mode).resolve()),
+              "torch_profiler_with_stack": False, "ignore_frontend": True,
+              "max_iterations": max_iterations}
+    return ["--profiler-config", json.dumps(config)]
+
+
+def server_spec(args: argparse.Namespace, mode: str, log_path: str) -> ServerSpec:
+    """The `vllm serve` of one mode."""
+    extra, lighter = mode_serve_args(mode)
+    serve_args = extra + ["--enable-prompt-tokens-details"] + shlex.split(args.serve_args)
+    if args.profile_dir:
+        serve_args += profiler_serve_args(args.profile_dir, mode, args.profile_max_iterations)
+    return ServerSpec(args.model, serve_args, lighter, log_path=log_path)
+
+
+def warm_up(args: argparse.Namespace, base_url: str, seed: int, tmp: str) -> float:
+    """A warm-up pass of every workload with another seed; its seconds."""
+    started = time.monotonic()
+    if args.warmup_fraction > 0:
+        for workload in args.workloads.split(","):
+            run_client(base_url, client_args(args, workload, seed + 10_000, tmp, warmup=True))
+    return time.monotonic() - started
+
+
 def run_server(args: argparse.Namespace, round_: int, mode: str, log_path: str) -> list[dict]:
     """One server of the schedule: (first round) the probe, a warm-up pass of every workload
     with another seed, then every workload's measured run with the round's seed."""
-    extra, lighter = mode_serve_args(mode)
-    serve_args = extra + ["--enable-prompt-tokens-details"] + shlex.split(args.serve_args)
     workloads = args.workloads.split(",")
     seed = args.seed + round_
     runs = []
     started = time.monotonic()
-    with serve(args.model, serve_args, lighter=lighter, log_path=log_path,
-               ready_timeout=args.ready_timeout) as base_url, tempfile.TemporaryDirectory() as tmp:
+    with serve_many([server_spec(args, mode, log_path)], args.ready_timeout) as (base_url,), \
+            tempfile.TemporaryDirectory() as tmp:
         ready_s = time.monotonic() - started
         if args.probe and round_ == 0:
             runs.append({"mode": mode, "round": round_, "workload": "probe",
                          "requests": run_probe(base_url, args.model)})
             print(json.dumps(runs[-1]), flush=True)
-        warm_started = time.monotonic()
-        if args.warmup_fraction > 0:
-            for workload in workloads:
-                run_client(base_url, client_args(args, workload, seed + 10_000, tmp, warmup=True))
-        warmup_s = time.monotonic() - warm_started
+        warmup_s = warm_up(args, base_url, seed, tmp)
         for workload in workloads:
             row = run_workload(args, base_url, workload, seed, tmp)
             row.update(mode=mode, round=round_, server_ready_s=ready_s, warmup_s=warmup_s)
             print(json.dumps(row), flush=True)
             runs.append(row)
+    return runs
+
+
+def run_concurrent(args: argparse.Namespace, log_dir: str, started: float) -> list[dict]:
+    """The concurrent schedule: one server per mode, all started at once; the probe and a
+    warm-up pass per server; then per round every workload, its modes alternated
+    (:func:`concurrent_order`); then one profiled run per mode of each --profile-workloads.
+    Runs are written to LOG_DIR/concurrent-runs.json as they finish (a killed call keeps them);
+    --stop-after-s starts no further round."""
+    modes = args.modes.split(",")
+    specs = [server_spec(args, mode, str(Path(log_dir, f"server-{mode}.log"))) for mode in modes]
+    for spec, mode in zip(specs, modes, strict=True):
+        # Servers compiling at once must not share torch.compile's cache directory.
+        spec.env = {"VLLM_CACHE_ROOT": str(Path(log_dir, f"vllm-cache-{mode}").resolve())}
+    saved = Path(log_dir, "concurrent-runs.json")
+    runs: list[dict] = []
+
+    def keep(row: dict) -> None:
+        runs.append(row)
+        print(json.dumps(row), flush=True)
+        saved.write_text(json.dumps(runs))
+
+    with serve_many(specs, args.ready_timeout) as urls, tempfile.TemporaryDirectory() as tmp:
+        ready_s = time.monotonic() - started
+        url = dict(zip(modes, urls, strict=True))
+        if args.probe:
+            for mode in modes:
+                keep({"mode": mode, "round": 0, "workload": "probe",
+                      "requests": run_probe(url[mode], args.model)})
+        warmup_s = {mode: warm_up(args, url[mode], args.seed, tmp) for mode in modes}
+        for round_ in range(args.rounds):
+            if args.stop_after_s is not None and time.monotonic() - started > args.stop_after_s:
+                print(f"stop: {time.monotonic() - started:.0f} s passed; round {round_} and later "
+                      "not run", flush=True)
+                break
+            for workload in args.workloads.split(","):
+                for mode in concurrent_order(modes, round_):
+                    row = run_workload(args, url[mode], workload, args.seed + round_, tmp)
+                    row.update(mode=mode, round=round_, server_ready_s=ready_s,
+                               warmup_s=warmup_s[mode], concurrent=True)
+                    keep(row)
+        for workload in filter(None, args.profile_workloads.split(",")):
+            for mode in modes:
+                argv = client_args(args, workload, args.seed + 20_000, tmp) + ["--profile"]
+                result = run_client(url[mode], argv)
+                keep({"mode": mode, "workload": "profile", "profiled": workload,
+                      **{key: result.get(key) for key in ("p50_ttft_ms", "p50_tpot_ms", "completed")}})
+    return runs
+
+
+def run_sequential(args: argparse.Namespace, log_dir: str, started: float) -> list[dict]:
+    """The default schedule: a server per (round, mode), modes alternated; each server's runs
+    kept in LOG_DIR/NN-MODE.json and reused by a later call (with --results-dir)."""
+    runs: list[dict] = []
+    for index, (round_, mode) in enumerate(schedule(args.modes.split(","), args.rounds)):
+        saved = Path(log_dir, f"{index:02d}-{mode}.json")
+        if args.results_dir and saved.exists():
+            runs += json.loads(saved.read_text())
+            continue
+        if args.stop_after_s is not None and time.monotonic() - started > args.stop_after_s:
+            print(f"stop: {time.monotonic() - started:.0f} s passed; server {index} ({mode}) "
+                  f"and later not started", flush=True)
+            break
+        log_path = str(Path(log_dir, f"server-{index:02d}-{mode}.log"))
+        try:
+            server_runs = run_server(args, round_, mode, log_path)
+        except (RuntimeError, TimeoutError, OSError) as error:  # a failed server: the next one runs
+            print(f"server {index} ({mode}) failed: {error}"[:4000], flush=True)
+            runs.append({"mode": mode, "round": round_, "workload": "failed", "error": str(error)[-4000:]})
+            continue
+        if args.results_dir:
+            saved.write_text(json.dumps(server_runs))
+        runs += server_runs
     return runs
 
 
@@ -410,7 +535,7 @@ def summarize(runs: list[dict]) -> dict:
     the ratios of the medians to align and off, and the probe's agreement with caching off."""
     table: dict = {}
     for run in runs:
-        if run["workload"] in ("probe", "failed"):
+        if run["workload"] in ("probe", "failed", "profile"):
             continue
         cell = table.setdefault(run["workload"], {}).setdefault(run["mode"], {})
         for key, _ in METRICS:
@@ -463,26 +588,16 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     log_dir = args.results_dir or tempfile.mkdtemp(prefix="lighter-serving-")
     os.makedirs(log_dir, exist_ok=True)
-    runs: list[dict] = []
-    for index, (round_, mode) in enumerate(schedule(args.modes.split(","), args.rounds)):
-        saved = Path(log_dir, f"{index:02d}-{mode}.json")
-        if args.results_dir and saved.exists():
-            runs += json.loads(saved.read_text())
-            continue
-        if args.stop_after_s is not None and time.monotonic() - started > args.stop_after_s:
-            print(f"stop: {time.monotonic() - started:.0f} s passed; server {index} ({mode}) "
-                  f"and later not started", flush=True)
-            break
-        log_path = str(Path(log_dir, f"server-{index:02d}-{mode}.log"))
+    if args.concurrent:
         try:
-            server_runs = run_server(args, round_, mode, log_path)
-        except (RuntimeError, TimeoutError, OSError) as error:  # a failed server: the next one runs
-            print(f"server {index} ({mode}) failed: {error}"[:4000], flush=True)
-            runs.append({"mode": mode, "round": round_, "workload": "failed", "error": str(error)[-4000:]})
-            continue
-        if args.results_dir:
-            saved.write_text(json.dumps(server_runs))
-        runs += server_runs
+            runs = run_concurrent(args, log_dir, started)
+        except (RuntimeError, TimeoutError, OSError) as error:  # what finished is on disk
+            print(f"concurrent servers failed: {error}"[:4000], flush=True)
+            saved = Path(log_dir, "concurrent-runs.json")
+            runs = json.loads(saved.read_text()) if saved.exists() else []
+            runs.append({"mode": args.modes, "workload": "failed", "error": str(error)[-4000:]})
+    else:
+        runs = run_sequential(args, log_dir, started)
     summary = summarize(runs)
     summary["failed"] = [r for r in runs if r["workload"] == "failed"]
     print_table(summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 from pathlib import Path
@@ -123,3 +124,53 @@ def test_a_failed_server_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch
     assert [r["mode"] for r in result["failed"]] == ["lighter"]
     assert result["medians"]["rag"]["off"]["p50_ttft_ms"] == 1.0
     assert not (tmp_path / "00-lighter.json").exists()  # a later call retries it
+
+
+def test_concurrent_servers_start_together_and_runs_alternate_by_workload(tmp_path, monkeypatch):
+    launched, calls = [], []
+
+    @contextlib.contextmanager
+    def fake_serve_many(specs, ready_timeout):
+        launched.append([(s.lighter, s.args) for s in specs])
+        yield [f"http://h:{i}" for i in range(len(specs))]
+
+    def fake_workload(args, base_url, workload, seed, tmp):
+        calls.append((base_url, workload, seed))
+        return {"workload": workload, "p50_ttft_ms": 1.0}
+
+    monkeypatch.setattr(serving, "serve_many", fake_serve_many)
+    monkeypatch.setattr(serving, "run_workload", fake_workload)
+    monkeypatch.setattr(serving, "run_client", lambda url, argv: calls.append((url, "client", argv)) or {})
+    out = tmp_path / "out.json"
+    serving.main(["--model", "m", "--modes", "align,lighter", "--rounds", "2", "--concurrent",
+                  "--no-probe", "--workloads", "rag,decode", "--results-dir", str(tmp_path),
+                  "--output-json", str(out), "--profile-dir", str(tmp_path / "prof"),
+                  "--profile-workloads", "rag"])
+    assert len(launched) == 1 and [lighter for lighter, _ in launched[0]] == [False, True]
+    for _, serve_args in launched[0]:  # each server profiles into its own directory
+        config = json.loads(serve_args[serve_args.index("--profiler-config") + 1])
+        assert config["torch_profiler_dir"].endswith(("prof/align", "prof/lighter"))
+    measured = [(url, w, seed) for url, w, seed in calls if w != "client"]
+    # round 0: align then lighter per workload; round 1 rotated: lighter first
+    assert measured == [("http://h:0", "rag", 0), ("http://h:1", "rag", 0),
+                        ("http://h:0", "decode", 0), ("http://h:1", "decode", 0),
+                        ("http://h:1", "rag", 1), ("http://h:0", "rag", 1),
+                        ("http://h:1", "decode", 1), ("http://h:0", "decode", 1)]
+    profiled = [argv for url, w, argv in calls if w == "client" and "--profile" in argv]
+    assert len(profiled) == 2  # one profiled rag run per mode, after the measured ones
+    assert calls.index(next(c for c in calls if c[1] == "client" and "--profile" in c[2])) > \
+        calls.index(("http://h:0", "decode", 1))
+    result = json.loads(out.read_text())
+    assert result["spreads"]["rag"]["lighter"]["p50_ttft_ms"] == [1.0, 1.0, 2]
+    assert "profile" not in result["medians"]
+    assert len(json.loads((tmp_path / "concurrent-runs.json").read_text())) == 10
+
+
+def test_profiled_workload_must_be_measured_and_needs_a_directory(capsys):
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--model", "m", "--workloads", "rag", "--profile-dir", "d",
+                            "--profile-workloads", "decode"])
+    assert "not one of --workloads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--model", "m", "--workloads", "rag", "--profile-workloads", "rag"])
+    assert "needs --profile-dir" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -47,24 +48,56 @@ def serve(
     ready_timeout: float = 600.0,
 ) -> Iterator[str]:
     """Yield the base URL of a running ``vllm serve MODEL``; stop it on exit."""
-    port = free_port()
+    with serve_many([ServerSpec(model, list(args), lighter, env, log_path)], ready_timeout) as urls:
+        yield urls[0]
+
+
+@dataclass
+class ServerSpec:
+    """One ``vllm serve MODEL ARGS`` of :func:`serve_many`."""
+
+    model: str
+    args: list[str] = field(default_factory=list)
+    lighter: bool = True
+    env: dict | None = None
+    log_path: str | None = None
+
+
+@contextlib.contextmanager
+def serve_many(specs: list[ServerSpec], ready_timeout: float = 600.0) -> Iterator[list[str]]:
+    """Yield the base URLs of servers that were all started at once (their start-ups overlap:
+    several servers on one GPU cost the start-up time of about one); stop them all on exit."""
+    started: list[tuple[subprocess.Popen, str, object]] = []
+    ports: set[int] = set()
+    try:
+        for spec in specs:
+            port = free_port()
+            while port in ports:  # a port is only reserved once its server binds it
+                port = free_port()
+            ports.add(port)
+            started.append(_launch(spec, port))
+        for (process, base_url, _), spec in zip(started, specs, strict=True):
+            _wait_ready(process, base_url, ready_timeout, spec.log_path)
+        yield [base_url for _, base_url, _ in started]
+    finally:
+        for process, _, log in started:
+            _stop(process)
+            if log is not subprocess.DEVNULL:
+                log.close()
+
+
+def _launch(spec: ServerSpec, port: int) -> tuple[subprocess.Popen, str, object]:
+    """Start one server in its own process session (stopped with its children); do not wait."""
     environment = dict(os.environ)
-    environment["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if lighter else "0"
+    environment["VLLM_USE_LIGHTER_MAMBA_CACHE"] = "1" if spec.lighter else "0"
     environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    environment.update(env or {})
-    command = vllm_command() + ["serve", model, "--host", "127.0.0.1", "--port", str(port), *args]
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    environment.update(spec.env or {})
+    command = vllm_command() + ["serve", spec.model, "--host", "127.0.0.1", "--port", str(port), *spec.args]
+    log = open(spec.log_path, "w") if spec.log_path else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(
         command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(process, base_url, ready_timeout, log_path)
-        yield base_url
-    finally:
-        _stop(process)
-        if log_path:
-            log.close()
+    return process, f"http://127.0.0.1:{port}", log
 
 
 def _wait_ready(process: subprocess.Popen, base_url: str, timeout: float, log_path: str | None) -> None:
