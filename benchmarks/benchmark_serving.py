@@ -78,13 +78,19 @@ STEPS = "vllm:iteration_tokens_total"
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
 PREEMPTIONS = "vllm:num_preemptions_total"
 STATES_CACHED = "vllm:lighter_mamba_states_cached_total"
+# The lighter cache's counters reach /metrics when vLLM logs its stats (every
+# VLLM_LOG_STATS_INTERVAL seconds, 10 by default): every server here logs them every second, and
+# a lighter server's counters are read once one more log has passed since its last request.
+STATS_INTERVAL_S = 1.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model directory (e.g. a tiny_models build)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of off,align,lighter")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma-separated subset of off,align,lighter; lighter:OPTIONS (bench.sim.parse_mode, "
+                        "e.g. lighter:ckpt=none) runs the lighter cache with other settings")
     p.add_argument("--rounds", type=int, default=2, help="servers per mode, modes alternated")
     p.add_argument("--workloads", default=DEFAULT_WORKLOADS,
                    help="comma-separated: system:LEN, multi_turn, rag, decode, prefix_repetition, random")
@@ -106,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated workloads of one profiled run per mode (needs --profile-dir)")
     p.add_argument("--profile-max-iterations", type=int, default=400,
                    help="engine steps a profiled run records at most")
+    p.add_argument("--client", choices=("in-process", "subprocess"), default="in-process",
+                   help="vLLM's benchmark called in this process (its start-up paid once), or the "
+                        "`vllm bench serve` command per run")
     p.add_argument("--no-probe", dest="probe", action="store_false",
                    help="skip the greedy correctness probe of each first-round server")
     g = p.add_argument_group("system:LEN workload (long shared system prompts)")
@@ -152,6 +161,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"profiled workload {name!r} is not one of --workloads")
     if args.profile_workloads and not args.profile_dir:
         p.error("--profile-workloads needs --profile-dir")
+    for mode in args.modes.split(","):
+        try:
+            mode_serve_args(mode)
+        except ValueError as error:
+            p.error(str(error))
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     return args
@@ -169,15 +183,39 @@ def concurrent_order(modes: list[str], round_: int) -> list[str]:
     return modes[shift:] + modes[:shift]
 
 
-def mode_serve_args(mode: str) -> tuple[list[str], bool]:
-    """(`vllm serve` flags, variable on) of a mode, as a user would switch it."""
+def mode_serve_args(mode: str) -> tuple[list[str], bool, dict]:
+    """(`vllm serve` flags, variable on, ``additional_config`` entries) of a mode, as a user
+    would switch it. ``lighter:OPTIONS`` is the lighter cache with the settings of
+    ``bench.sim.parse_mode`` (e.g. ``lighter:ckpt=none``: no cold-prompt checkpoints)."""
     if mode == "off":
-        return ["--no-enable-prefix-caching"], False
+        return ["--no-enable-prefix-caching"], False, {}
     if mode == "align":
-        return ["--enable-prefix-caching"], False
-    if mode == "lighter":
-        return [], True
-    raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        return ["--enable-prefix-caching"], False, {}
+    if mode.partition(":")[0] == "lighter":
+        from vllm_lighter_mamba.bench.sim import lighter_options_config, parse_mode
+
+        return [], True, lighter_options_config(parse_mode(mode)[1])
+    raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)} or lighter:OPTIONS")
+
+
+def mode_label(mode: str) -> str:
+    """A mode as a file name (``lighter:ckpt=1/2/4`` -> ``lighter_ckpt_1_2_4``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", mode)
+
+
+def with_additional_config(serve_args: list[str], entries: dict) -> list[str]:
+    """``serve_args`` with ``entries`` merged into its ``--additional-config`` JSON (or added)."""
+    if not entries:
+        return serve_args
+    out = list(serve_args)
+    for i, arg in enumerate(out):
+        if arg == "--additional-config" and i + 1 < len(out):
+            out[i + 1] = json.dumps({**json.loads(out[i + 1]), **entries})
+            return out
+        if arg.startswith("--additional-config="):
+            out[i] = "--additional-config=" + json.dumps({**json.loads(arg.partition("=")[2]), **entries})
+            return out
+    return out + ["--additional-config", json.dumps(entries)]
 
 
 def custom_workload(args: argparse.Namespace, name: str, seed: int) -> serving_workloads.Workload:
@@ -248,16 +286,31 @@ def client_args(
     return common + custom_client_args(custom, str(path))
 
 
-def run_client(base_url: str, argv: list[str]) -> dict:
-    """One `vllm bench serve` run; its saved result JSON."""
+def run_client(base_url: str, argv: list[str], in_process: bool = True) -> dict:
+    """One `vllm bench serve` run; its saved result JSON. ``in_process``: vLLM's benchmark
+    (``vllm.benchmarks.serve.main``, what the CLI calls) with the same arguments, in this
+    process: the CLI's own start-up (importing vLLM, ~20 s on the GPU host) is paid once,
+    not per run. Otherwise the `vllm bench serve` command, as a user types it."""
     host, port = base_url.removeprefix("http://").split(":")
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", *argv,
-                   "--host", host, "--port", port, "--save-result", "--result-dir", tmp,
-                   "--result-filename", "result.json"]
-        proc = subprocess.run(command, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        full = [*argv, "--host", host, "--port", port, "--save-result", "--result-dir", tmp,
+                "--result-filename", "result.json"]
+        if in_process:
+            from vllm.benchmarks.serve import add_cli_args
+            from vllm.benchmarks.serve import main as bench_main
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+            parser = FlexibleArgumentParser()
+            add_cli_args(parser)
+            try:
+                bench_main(parser.parse_args(full))
+            except (Exception, SystemExit) as error:  # one failed run, reported as the CLI's would be
+                raise RuntimeError(f"vllm bench serve failed: {error!r}") from error
+        else:
+            command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", *full]
+            proc = subprocess.run(command, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         return json.loads(Path(tmp, "result.json").read_text())
 
 
@@ -374,9 +427,16 @@ def _names(values: dict[str, float]) -> set[str]:
 def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: int, tmp: str) -> dict:
     """One measured run of a workload against a running server, with its diagnostics."""
     before = metrics(base_url)
+    lighter = STATES_CACHED in _names(before)
+    if lighter:  # the warm-up's or the previous run's last counts are in before
+        time.sleep(STATS_INTERVAL_S + 1.0)
+        before = metrics(base_url)
     with sampled(base_url) as samples:
-        result = run_client(base_url, client_args(args, workload, seed, tmp))
+        result = run_client(base_url, client_args(args, workload, seed, tmp), args.client == "in-process")
     after = metrics(base_url)
+    if lighter:
+        time.sleep(STATS_INTERVAL_S + 1.0)
+        after = metrics(base_url)
     pool_size = num_gpu_blocks(after)
     row = {key: result.get(key) for key, _ in METRICS}
     row.update(run_diagnostics(before, after, result.get("completed") or 0))
@@ -390,7 +450,7 @@ def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: i
 def profiler_serve_args(profile_dir: str, mode: str, max_iterations: int) -> list[str]:
     """`vllm serve` flags of vLLM's torch profiler, writing to PROFILE_DIR/MODE. It records
     nothing until a client starts it (`vllm bench serve --profile`)."""
-    config = {"profiler": "torch", "torch_profiler_dir": str(Path(profile_dir, mode).resolve()),
+    config = {"profiler": "torch", "torch_profiler_dir": str(Path(profile_dir, mode_label(mode)).resolve()),
               "torch_profiler_with_stack": False, "ignore_frontend": True,
               "max_iterations": max_iterations}
     return ["--profiler-config", json.dumps(config)]
@@ -398,11 +458,13 @@ def profiler_serve_args(profile_dir: str, mode: str, max_iterations: int) -> lis
 
 def server_spec(args: argparse.Namespace, mode: str, log_path: str) -> ServerSpec:
     """The `vllm serve` of one mode."""
-    extra, lighter = mode_serve_args(mode)
+    extra, lighter, config = mode_serve_args(mode)
     serve_args = extra + ["--enable-prompt-tokens-details"] + shlex.split(args.serve_args)
+    serve_args = with_additional_config(serve_args, config)
     if args.profile_dir:
         serve_args += profiler_serve_args(args.profile_dir, mode, args.profile_max_iterations)
-    return ServerSpec(args.model, serve_args, lighter, log_path=log_path)
+    env = {"VLLM_LOG_STATS_INTERVAL": str(STATS_INTERVAL_S)}
+    return ServerSpec(args.model, serve_args, lighter, env=env, log_path=log_path)
 
 
 def warm_up(args: argparse.Namespace, base_url: str, seed: int, tmp: str) -> float:
@@ -410,7 +472,8 @@ def warm_up(args: argparse.Namespace, base_url: str, seed: int, tmp: str) -> flo
     started = time.monotonic()
     if args.warmup_fraction > 0:
         for workload in args.workloads.split(","):
-            run_client(base_url, client_args(args, workload, seed + 10_000, tmp, warmup=True))
+            run_client(base_url, client_args(args, workload, seed + 10_000, tmp, warmup=True),
+                       args.client == "in-process")
     return time.monotonic() - started
 
 
@@ -444,10 +507,11 @@ def run_concurrent(args: argparse.Namespace, log_dir: str, started: float) -> li
     Runs are written to LOG_DIR/concurrent-runs.json as they finish (a killed call keeps them);
     --stop-after-s starts no further round."""
     modes = args.modes.split(",")
-    specs = [server_spec(args, mode, str(Path(log_dir, f"server-{mode}.log"))) for mode in modes]
+    specs = [server_spec(args, mode, str(Path(log_dir, f"server-{mode_label(mode)}.log")))
+             for mode in modes]
     for spec, mode in zip(specs, modes, strict=True):
         # Servers compiling at once must not share torch.compile's cache directory.
-        spec.env = {"VLLM_CACHE_ROOT": str(Path(log_dir, f"vllm-cache-{mode}").resolve())}
+        spec.env["VLLM_CACHE_ROOT"] = str(Path(log_dir, f"vllm-cache-{mode_label(mode)}").resolve())
     saved = Path(log_dir, "concurrent-runs.json")
     runs: list[dict] = []
 
@@ -471,14 +535,19 @@ def run_concurrent(args: argparse.Namespace, log_dir: str, started: float) -> li
                 break
             for workload in args.workloads.split(","):
                 for mode in concurrent_order(modes, round_):
-                    row = run_workload(args, url[mode], workload, args.seed + round_, tmp)
+                    try:
+                        row = run_workload(args, url[mode], workload, args.seed + round_, tmp)
+                    except (RuntimeError, OSError) as error:  # one failed run: the next one runs
+                        keep({"mode": mode, "round": round_, "workload": "failed",
+                              "failed_workload": workload, "error": str(error)[-4000:]})
+                        continue
                     row.update(mode=mode, round=round_, server_ready_s=ready_s,
                                warmup_s=warmup_s[mode], concurrent=True)
                     keep(row)
         for workload in filter(None, args.profile_workloads.split(",")):
             for mode in modes:
                 argv = client_args(args, workload, args.seed + 20_000, tmp) + ["--profile"]
-                result = run_client(url[mode], argv)
+                result = run_client(url[mode], argv, args.client == "in-process")
                 keep({"mode": mode, "workload": "profile", "profiled": workload,
                       **{key: result.get(key) for key in ("p50_ttft_ms", "p50_tpot_ms", "completed")}})
     return runs
@@ -489,7 +558,7 @@ def run_sequential(args: argparse.Namespace, log_dir: str, started: float) -> li
     kept in LOG_DIR/NN-MODE.json and reused by a later call (with --results-dir)."""
     runs: list[dict] = []
     for index, (round_, mode) in enumerate(schedule(args.modes.split(","), args.rounds)):
-        saved = Path(log_dir, f"{index:02d}-{mode}.json")
+        saved = Path(log_dir, f"{index:02d}-{mode_label(mode)}.json")
         if args.results_dir and saved.exists():
             runs += json.loads(saved.read_text())
             continue
@@ -497,7 +566,7 @@ def run_sequential(args: argparse.Namespace, log_dir: str, started: float) -> li
             print(f"stop: {time.monotonic() - started:.0f} s passed; server {index} ({mode}) "
                   f"and later not started", flush=True)
             break
-        log_path = str(Path(log_dir, f"server-{index:02d}-{mode}.log"))
+        log_path = str(Path(log_dir, f"server-{index:02d}-{mode_label(mode)}.log"))
         try:
             server_runs = run_server(args, round_, mode, log_path)
         except (RuntimeError, TimeoutError, OSError) as error:  # a failed server: the next one runs
@@ -548,10 +617,9 @@ def summarize(runs: list[dict]) -> dict:
     ratios: dict = {}
     for workload, modes in medians.items():
         for base in ("align", "off"):
-            if "lighter" in modes and base in modes:
-                ratios.setdefault(workload, {})[f"lighter/{base}"] = {
-                    k: modes["lighter"][k] / modes[base][k]
-                    for k in modes["lighter"] if modes[base].get(k)
+            for mode in (m for m in modes if m.partition(":")[0] == "lighter" and base in modes):
+                ratios.setdefault(workload, {})[f"{mode}/{base}"] = {
+                    k: modes[mode][k] / modes[base][k] for k in modes[mode] if modes[base].get(k)
                 }
         if "align" in modes and "off" in modes:
             ratios.setdefault(workload, {})["align/off"] = {
@@ -567,7 +635,7 @@ def print_table(summary: dict) -> None:
               f"{row['hit_outputs_equal_off']}/{row['requests_with_hits']})")
     for workload, modes in summary["medians"].items():
         print(f"\n## {workload} (median of rounds, min-max, runs)")
-        names = [m for m in MODES if m in modes]
+        names = [m for m in MODES if m in modes] + [m for m in modes if m not in MODES]
         ratio_names = list(summary["ratios"].get(workload, {}))
         print("| metric | " + " | ".join(names + ratio_names) + " |")
         print("|---" * (1 + len(names) + len(ratio_names)) + "|")

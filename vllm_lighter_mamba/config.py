@@ -35,6 +35,35 @@ DEFAULT_ALPHA = 16.0
 DEFAULT_CHECKPOINT_SHARE = 0.5
 
 
+# ``additional_config`` key of the cold-prompt checkpoints (``v1/core/sched/policy.py``): how many
+# blocks before a cold prompt's last cache position its chunks also end, e.g. [1, 2, 4] (the
+# default) or [] (none: a cold prompt's chunks end where align's do). Each checkpoint costs a
+# cold prompt one more prefill step; it pays when a first follower diverges within that span.
+COLD_CHECKPOINTS_KEY = "lighter_mamba_cold_checkpoints"
+DEFAULT_COLD_CHECKPOINTS = (1, 2, 4)
+
+
+def parse_cold_checkpoints(value: Any) -> tuple[int, ...]:
+    """The cold-prompt checkpoint distances (blocks) from ``additional_config[COLD_CHECKPOINTS_KEY]``."""
+    if value is None:
+        return DEFAULT_COLD_CHECKPOINTS
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value
+    ) and len(set(value)) == len(value):
+        return tuple(sorted(value))
+    raise LighterMambaConfigError(
+        f"additional_config[{COLD_CHECKPOINTS_KEY!r}] = {value!r}: expected a list of distinct "
+        "block counts > 0, e.g. [1, 2, 4], or [] for none"
+    )
+
+
+def cold_checkpoints(vllm_config: Any) -> tuple[int, ...]:
+    """How many blocks before a cold prompt's last cache position its chunks also end."""
+    additional = getattr(vllm_config, "additional_config", None)
+    value = additional.get(COLD_CHECKPOINTS_KEY) if isinstance(additional, dict) else None
+    return parse_cold_checkpoints(value)
+
+
 @dataclass(frozen=True)
 class RetentionSettings:
     alpha: float = DEFAULT_ALPHA
@@ -112,10 +141,11 @@ def config_conflicts(vllm_config: Any) -> list[str]:
             "KV connectors and KV offloading (--kv-transfer-config, --kv-offloading-size) "
             "are not supported yet: an external hit would start past the cached Mamba state"
         )
-    try:
-        retention_settings(vllm_config)
-    except LighterMambaConfigError as error:
-        problems.append(str(error))
+    for parse in (retention_settings, cold_checkpoints):
+        try:
+            parse(vllm_config)
+        except LighterMambaConfigError as error:
+            problems.append(str(error))
     problems.extend(align_option_conflicts(cache))
     if vllm_config.model_config.architecture in PRIVATE_LOOKUP_ARCHITECTURES:
         problems.append(

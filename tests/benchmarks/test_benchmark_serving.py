@@ -140,7 +140,8 @@ def test_concurrent_servers_start_together_and_runs_alternate_by_workload(tmp_pa
 
     monkeypatch.setattr(serving, "serve_many", fake_serve_many)
     monkeypatch.setattr(serving, "run_workload", fake_workload)
-    monkeypatch.setattr(serving, "run_client", lambda url, argv: calls.append((url, "client", argv)) or {})
+    monkeypatch.setattr(serving, "run_client",
+                        lambda url, argv, in_process=True: calls.append((url, "client", argv)) or {})
     out = tmp_path / "out.json"
     serving.main(["--model", "m", "--modes", "align,lighter", "--rounds", "2", "--concurrent",
                   "--no-probe", "--workloads", "rag,decode", "--results-dir", str(tmp_path),
@@ -174,3 +175,49 @@ def test_profiled_workload_must_be_measured_and_needs_a_directory(capsys):
     with pytest.raises(SystemExit):
         serving.parse_args(["--model", "m", "--workloads", "rag", "--profile-workloads", "rag"])
     assert "needs --profile-dir" in capsys.readouterr().err
+
+
+def test_a_lighter_variant_merges_its_settings_into_the_servers_additional_config():
+    args = serving.parse_args(["--model", "m", "--modes", "align,lighter:ckpt=none",
+                               "--serve-args", "--additional-config '{\"gdn_prefill_backend\": \"triton\"}'"])
+    spec = serving.server_spec(args, "lighter:ckpt=none", "log")
+    config = json.loads(spec.args[spec.args.index("--additional-config") + 1])
+    assert config == {"gdn_prefill_backend": "triton", "lighter_mamba_cold_checkpoints": []}
+    assert spec.lighter and spec.args.count("--additional-config") == 1
+    plain = serving.server_spec(args, "align", "log")
+    plain_config = json.loads(plain.args[plain.args.index("--additional-config") + 1])
+    assert plain_config == {"gdn_prefill_backend": "triton"}
+    assert serving.mode_label("lighter:ckpt=1/2/4") == "lighter_ckpt_1_2_4"
+    ttft = (("align", 40.0), ("lighter", 50.0), ("lighter:ckpt=none", 30.0))
+    summary = serving.summarize([{"workload": "rag", "mode": m, "round": 0, "p50_ttft_ms": v}
+                                 for m, v in ttft])
+    assert summary["ratios"]["rag"]["lighter:ckpt=none/align"]["p50_ttft_ms"] == pytest.approx(0.75)
+    assert summary["ratios"]["rag"]["lighter/align"]["p50_ttft_ms"] == pytest.approx(1.25)
+
+
+def test_an_unknown_mode_is_one_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--model", "m", "--modes", "align,lighter:bogus=1"])
+    assert "unknown mode option" in capsys.readouterr().err
+
+
+def test_a_failed_concurrent_run_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
+    @contextlib.contextmanager
+    def fake_serve_many(specs, ready_timeout):
+        yield [f"http://h:{i}" for i in range(len(specs))]
+
+    def fake_workload(args, base_url, workload, seed, tmp):
+        if base_url == "http://h:1":
+            raise RuntimeError("vllm bench serve failed")
+        return {"workload": workload, "p50_ttft_ms": 1.0}
+
+    monkeypatch.setattr(serving, "serve_many", fake_serve_many)
+    monkeypatch.setattr(serving, "run_workload", fake_workload)
+    monkeypatch.setattr(serving, "run_client", lambda url, argv, in_process=True: {})
+    out = tmp_path / "out.json"
+    serving.main(["--model", "m", "--modes", "align,lighter", "--rounds", "1", "--concurrent", "--no-probe",
+                  "--workloads", "rag,decode", "--results-dir", str(tmp_path), "--output-json", str(out)])
+    result = json.loads(out.read_text())
+    failed = [(r["mode"], r["failed_workload"]) for r in result["failed"]]
+    assert failed == [("lighter", "rag"), ("lighter", "decode")]
+    assert result["medians"]["decode"]["align"]["p50_ttft_ms"] == 1.0

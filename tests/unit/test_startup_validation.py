@@ -224,3 +224,20 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
     assert any("at most one block boundary" in p for p in long_step)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
     assert any("CPU backend" in p for p in config_conflicts(fake(speculative_config=ngram)))
+
+
+def test_cold_checkpoints_setting_is_parsed_and_a_bad_one_is_one_clear_error(qwen3_next_dir, monkeypatch):
+    from vllm_lighter_mamba.config import COLD_CHECKPOINTS_KEY, cold_checkpoints, parse_cold_checkpoints
+
+    assert parse_cold_checkpoints(None) == (1, 2, 4)
+    assert parse_cold_checkpoints([4, 1]) == (1, 4)
+    assert parse_cold_checkpoints([]) == ()
+    for bad in ([0], [1, 1], "1,2", [True], [1.5]):
+        with pytest.raises(LighterMambaConfigError, match=COLD_CHECKPOINTS_KEY):
+            parse_cold_checkpoints(bad)
+    config = engine_config(qwen3_next_dir, True, monkeypatch, enable_prefix_caching=True,
+                           additional_config={COLD_CHECKPOINTS_KEY: [2]})
+    assert cold_checkpoints(config) == (2,)
+    with pytest.raises(LighterMambaConfigError, match="expected a list of distinct block counts"):
+        engine_config(qwen3_next_dir, True, monkeypatch, enable_prefix_caching=True,
+                      additional_config={COLD_CHECKPOINTS_KEY: [-1]})

@@ -28,31 +28,54 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_lighter_mamba.config import CONFIG_KEY, SETTINGS_KEY
+from vllm_lighter_mamba.config import COLD_CHECKPOINTS_KEY, CONFIG_KEY, SETTINGS_KEY
 
 MODES = ("none", "align", "lighter")
 
 
-def parse_mode(mode: str) -> tuple[str, str | tuple[tuple[str, float], ...] | None]:
+LighterOptions = tuple[tuple[str, float | tuple[int, ...]], ...]
+
+
+def parse_mode(mode: str) -> tuple[str, str | LighterOptions | None]:
     """``lighter`` with the retention policy's defaults, ``lighter:off`` without the policy
     (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, comma-separated) with
-    other settings (``RetentionSettings``)."""
+    other settings (``RetentionSettings``); ``ckpt=1/2/4`` (or ``ckpt=none``) sets the cold-prompt
+    checkpoint distances in blocks (``config.COLD_CHECKPOINTS_KEY``)."""
     base, _, option = mode.partition(":")
     if base not in MODES or (option and base != "lighter"):
-        expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y"))
+        expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y,ckpt=1/2/4"))
         raise ValueError(f"unknown mode {mode!r}; expected {expected}")
     if not option:
         return base, None
     if option == "off":
         return base, "off"
     names = {"alpha": "alpha", "share": "checkpoint_share"}
-    settings = []
+    settings: list[tuple[str, float | tuple[int, ...]]] = []
     for item in option.split(","):
         name, _, value = item.partition("=")
+        if name == "ckpt":
+            distances = () if value == "none" else tuple(int(d) for d in value.split("/"))
+            settings.append(("cold_checkpoints", distances))
+            continue
         if name not in names:
-            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, share=Y)")
+            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, share=Y, ckpt=1/2/4)")
         settings.append((names[name], float(value)))
     return base, tuple(settings)
+
+
+def lighter_options_config(options: str | LighterOptions | None) -> dict:
+    """The ``additional_config`` entries of a lighter mode's options (:func:`parse_mode`)."""
+    if options is None:
+        return {}
+    if options == "off":
+        return {SETTINGS_KEY: "off"}
+    settings = dict(options)
+    config: dict = {}
+    if "cold_checkpoints" in settings:
+        config[COLD_CHECKPOINTS_KEY] = list(settings.pop("cold_checkpoints"))
+    if settings:
+        config[SETTINGS_KEY] = settings
+    return config
 
 
 @functools.cache
@@ -128,7 +151,7 @@ def _vllm_config(
     max_model_len: int,
     async_scheduling: bool,
     num_blocks: int,
-    retention: str | tuple[tuple[str, float], ...] | None = None,
+    retention: str | LighterOptions | None = None,
     prefix_match_unit: int | None = None,
 ):
     """Built once per setting: loading the model's HF config dominates a short replay."""
@@ -151,8 +174,8 @@ def _vllm_config(
     if prefix_match_unit is not None:
         cache_config.prefix_match_unit = prefix_match_unit
     additional: dict = {CONFIG_KEY: True} if mode == "lighter" else {}
-    if mode == "lighter" and retention is not None:
-        additional[SETTINGS_KEY] = retention if retention == "off" else dict(retention)
+    if mode == "lighter":
+        additional.update(lighter_options_config(retention))
     vllm_config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,

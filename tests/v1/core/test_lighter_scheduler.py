@@ -168,3 +168,38 @@ def test_eagle_prompt_states_at_its_last_full_block(qwen3_next_dir):
                     use_eagle=True)
     check_all_returned(result.scheduler)
     assert {64, 80} <= ends
+
+
+def _chunk_ends(mode, reqs, qwen3_next_dir, bs):
+    ends: dict[str, list[int]] = {}
+
+    def record(scheduler, output, step):
+        for rid in output.num_scheduled_tokens:
+            ends.setdefault(rid, []).append(scheduler.requests[rid].num_computed_tokens)
+
+    result = replay(mode, reqs, qwen3_next_dir, check=record, block_size=bs, max_num_batched_tokens=256)
+    check_all_returned(result.scheduler)
+    return ends, result
+
+
+@pytest.mark.parametrize(("mode", "checkpoints"), [
+    ("lighter", (128 - 16, 128 - 32, 128 - 64)),  # the default distances: 1, 2 and 4 blocks
+    ("lighter:ckpt=3", (128 - 48,)),
+    ("lighter:ckpt=none", ()),
+])
+def test_cold_prompt_checkpoints_follow_the_setting(qwen3_next_dir, mode, checkpoints):
+    """A cold prompt's chunks end at its checkpoints (``lighter_mamba_cold_checkpoints``
+    blocks before its last cache position), and nowhere else below it but where align ends
+    them; the first follower that diverges after a checkpoint hits there, with none it hits
+    nothing (the junction is reported only when the follower arrives)."""
+    bs = 16
+    shared = list(range(1, 100))  # 6 full blocks and 3 tokens shared; the cold prompt: 8 blocks + 5
+    cold = SimRequest("cold", shared + list(range(500, 533)), max_tokens=2)
+    follower = SimRequest("follower", shared + list(range(700, 740)), max_tokens=2, arrival_step=40)
+    ends, result = _chunk_ends(mode, [cold, follower], qwen3_next_dir, bs)
+    prompt_ends = [e for e in ends["cold"] if e <= 128]
+    assert sorted(set(prompt_ends)) == sorted({*checkpoints, 128})
+    # The follower shares 6 blocks (96 tokens): its best cached state is the deepest checkpoint
+    # at or below 96, or none.
+    expected_hit = max((c for c in checkpoints if c <= 96), default=0)
+    assert result.cached_per_request["follower"] == expected_hit

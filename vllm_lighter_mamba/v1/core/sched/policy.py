@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
 
+from vllm_lighter_mamba.config import DEFAULT_COLD_CHECKPOINTS
+
 # A prompt that found nothing in the cache ("cold") also leaves states this many blocks
 # before its last cache position. Its last state covers its own unique tail too, so a
 # later prompt that shares only the head (a system prompt followed by a different
 # question) cannot use it; vLLM then reports the junction and the *first* such follower
 # recomputes the prefix (upstream align does the same: issue 8's "first follower gets 0").
 # Checkpoints close to the end serve the common case (a long shared head, a short unique
-# tail) for the price of a few extra chunk ends on cold prompts only.
-COLD_PROMPT_CHECKPOINTS_IN_BLOCKS = (1, 2, 4)
+# tail) for the price of a few extra chunk ends on cold prompts only. The engine's distances
+# come from ``config.cold_checkpoints`` (``additional_config``); this is their default.
+COLD_PROMPT_CHECKPOINTS_IN_BLOCKS = DEFAULT_COLD_CHECKPOINTS
 
 
 def last_cache_position(num_tokens: int, block_size: int, use_eagle: bool) -> int:

@@ -21,7 +21,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_lighter_mamba.config import check_block_size, is_active, retention_settings
+from vllm_lighter_mamba.config import check_block_size, cold_checkpoints, is_active, retention_settings
 from vllm_lighter_mamba.v1.core.block_pool_retention import install_retention
 from vllm_lighter_mamba.v1.core.retention_plan import RetentionPlans, plan_request
 from vllm_lighter_mamba.v1.core.sched.policy import (
@@ -52,6 +52,7 @@ class LighterMambaSchedulerMixin:
             # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
             self.mamba_partial_cache_hit = False
             self.lighter_block_size: int = self._lighter_block_size()
+            self.lighter_cold_checkpoints: tuple[int, ...] = cold_checkpoints(self.vllm_config)
             # The block size is final only here (the KV-cache groups' page alignment can raise
             # it past what the workers' platform hook saw): check the budgets against it.
             check_block_size(self.vllm_config, self.lighter_block_size)
@@ -151,7 +152,8 @@ class LighterMambaSchedulerMixin:
             return num_new_tokens
         # As upstream's split: the hit drops a block only where EAGLE's block drop is on.
         use_eagle = self.use_eagle_block_drop
-        stops = request_stops(self.lighter_plans, request, start, self.lighter_block_size, use_eagle)
+        stops = request_stops(self.lighter_plans, request, start, self.lighter_block_size, use_eagle,
+                              self.lighter_cold_checkpoints)
         num_tokens, owed = block_aligned_chunk_len(
             start=start,
             num_new_tokens=num_new_tokens,
@@ -208,11 +210,17 @@ def cache_accepted_boundaries(kv_cache_manager: Any, request: Request, num_new_t
 
 
 def request_stops(
-    plans: RetentionPlans, request: Request, start: int, block_size: int, use_eagle: bool
+    plans: RetentionPlans,
+    request: Request,
+    start: int,
+    block_size: int,
+    use_eagle: bool,
+    checkpoint_distances: tuple[int, ...],
 ) -> tuple[int, ...]:
     """The request's own chunk stops, decided at its first admission and kept in its plan.
 
-    A prompt that found no prefix-cache hit ("cold") stops at its cold-prompt checkpoints;
+    A prompt that found no prefix-cache hit ("cold") stops at its cold-prompt checkpoints
+    (``checkpoint_distances`` blocks before its last cache position);
     vLLM's own record of the hit (``prefill_stats``) exists only with stats logging on, so
     the answer is kept in the request's plan (a request resumed after a preemption keeps it).
     With EAGLE/MTP every prompt also stops at its last full block (``next_turn_stops``).
@@ -222,7 +230,9 @@ def request_stops(
         # Decided again on every attempt to admit the request (one may fail for room, and
         # the hit can differ at the next).
         last = last_cache_position(request.num_tokens, block_size, use_eagle)
-        checkpoints = tuple(checkpoint_positions(last, block_size)) if start == 0 else ()
+        checkpoints = (
+            tuple(checkpoint_positions(last, block_size, checkpoint_distances)) if start == 0 else ()
+        )
         stops = checkpoints + next_turn_stops(request.num_tokens, block_size, use_eagle)
         plans.set(request.request_id, plan_request(
             request.num_prompt_tokens, request.max_tokens, block_size, use_eagle, stops, checkpoints
