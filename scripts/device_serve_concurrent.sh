@@ -12,15 +12,20 @@
 # runs, the step timeline of profiled runs; not the traces themselves) into $OUT/serving.tgz.
 # Each server gets KV_BYTES of KV cache (default 10 GiB) so that three fit one H200 beside each
 # other; PROFILE=W (a workload of BENCH_ARGS) adds one profiled run per mode of W.
+# SKIP_SETUP=1: a dry run where /tmp/vllm34_env.sh already sets the environment up (on the CPU
+# machine: one that puts .venv/bin first; with ARCH=qwen3_next BUILD_DEVICE=cpu KV_BYTES=1073741824
+# and the CPU serve flags in SERVE_EXTRA).
 set -uo pipefail
 ACTION=${1:?start or wait}
 WAIT_S=${WAIT_S:-560}
 RESULTS=${RESULTS:-/root/serving_concurrent}
 started=$(date +%s)
 if [ "$ACTION" = start ]; then
-  bash scripts/device_setup_034.sh "${PARTS:?number of upload parts}" > "$OUT/setup.log" 2>&1 \
-    || { cat "$OUT/setup.log"; exit 3; }
-  tail -1 "$OUT/setup.log"
+  if [ -z "${SKIP_SETUP:-}" ]; then
+    bash scripts/device_setup_034.sh "${PARTS:?number of upload parts}" > "$OUT/setup.log" 2>&1 \
+      || { cat "$OUT/setup.log"; exit 3; }
+    tail -1 "$OUT/setup.log"
+  fi
   rm -rf "$RESULTS" && mkdir -p "$RESULTS"
   PROFILE_ARGS=""
   [ -n "${PROFILE:-}" ] && PROFILE_ARGS="--profile-dir $RESULTS/profiles --profile-workloads $PROFILE"
@@ -33,7 +38,9 @@ bash scripts/device_serving.sh
 if [ -d $RESULTS/profiles ]; then
   python3 benchmarks/profile_steps.py \$(ls -d $RESULTS/profiles/*) --output-json $RESULTS/profile_steps.json \
     > $RESULTS/profile_steps.md 2>&1
-  find $RESULTS/profiles -name '*.txt' -exec cp {} $RESULTS/ \;
+  for d in $RESULTS/profiles/*; do  # vLLM's key-averages table, one per mode
+    for t in \$d/*.txt; do cp "\$t" "$RESULTS/\$(basename \$d)-\$(basename \$t)"; done
+  done
 fi
 echo done > $RESULTS/DONE
 JOB

@@ -9,7 +9,8 @@
 # rounds, modes alternated. STOP_AFTER_S: start no server after that many seconds (servers
 # already in $RESULTS are reused, so one schedule can span several calls of a time-limited
 # host). BENCH_ARGS: more benchmark_serving.py options (e.g. --workloads system:32768);
-# SERVE_EXTRA: more `vllm serve` options.
+# SERVE_EXTRA: more `vllm serve` options. BUILD_DEVICE (default cuda): where tiny_models
+# initializes a model's weights (cpu for a dry run of these scripts on the CPU machine).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 RESULTS=${RESULTS:-/root/serving}
@@ -17,7 +18,7 @@ mkdir -p "$RESULTS"
 ARCH=${ARCH:-qwen3_next_80b_shape}
 MODEL=/tmp/$ARCH
 [ -f $MODEL/config.json ] || python3 -m vllm_lighter_mamba.bench.tiny_models --arch $ARCH \
-  --out $MODEL --device cuda > "$RESULTS/build.log" 2>&1 || { tail -20 "$RESULTS/build.log"; exit 1; }
+  --out $MODEL --device ${BUILD_DEVICE:-cuda} > "$RESULTS/build.log" 2>&1 || { tail -20 "$RESULTS/build.log"; exit 1; }
 LOAD=""; ls $MODEL/*.safetensors > /dev/null 2>&1 || LOAD="--load-format dummy"
 python3 benchmarks/benchmark_serving.py --model $MODEL --modes "${MODES:-lighter,align,off}" \
   --rounds "${ROUNDS:-2}" --results-dir "$RESULTS" --output-json "$RESULTS/serving.json" \
