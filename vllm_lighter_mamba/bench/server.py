@@ -1,5 +1,7 @@
 """Start ``vllm serve`` as an operator would (a subprocess on a local port), wait until it
-is ready, and stop it cleanly. Used by the demo, the server tests and the stress test."""
+is ready, and stop it cleanly: one server (:func:`serve`) or several started at once
+(:func:`serve_many`). Used by the demo, the server tests, the stress test and
+``benchmarks/benchmark_serving.py``."""
 
 from __future__ import annotations
 
