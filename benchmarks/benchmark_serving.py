@@ -426,17 +426,10 @@ def _names(values: dict[str, float]) -> set[str]:
 
 def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: int, tmp: str) -> dict:
     """One measured run of a workload against a running server, with its diagnostics."""
-    before = metrics(base_url)
-    lighter = STATES_CACHED in _names(before)
-    if lighter:  # the warm-up's or the previous run's last counts are in before
-        time.sleep(STATS_INTERVAL_S + 1.0)
-        before = metrics(base_url)
+    before = metrics(base_url)  # settled: the warm-up or the previous run ended with settled_metrics
     with sampled(base_url) as samples:
         result = run_client(base_url, client_args(args, workload, seed, tmp), args.client == "in-process")
-    after = metrics(base_url)
-    if lighter:
-        time.sleep(STATS_INTERVAL_S + 1.0)
-        after = metrics(base_url)
+    after = settled_metrics(base_url)
     pool_size = num_gpu_blocks(after)
     row = {key: result.get(key) for key, _ in METRICS}
     row.update(run_diagnostics(before, after, result.get("completed") or 0))
@@ -445,6 +438,16 @@ def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: i
                total_input_tokens=result.get("total_input_tokens"), duration_s=result.get("duration"),
                **pool_use(samples, pool_size))
     return row
+
+
+def settled_metrics(base_url: str) -> dict[str, float]:
+    """``/metrics`` once a lighter server's own counters include its last request: they arrive
+    with vLLM's next stats log (every STATS_INTERVAL_S here); vLLM's counters need no wait."""
+    values = metrics(base_url)
+    if STATES_CACHED in _names(values):
+        time.sleep(STATS_INTERVAL_S + 1.0)
+        values = metrics(base_url)
+    return values
 
 
 def profiler_serve_args(profile_dir: str, mode: str, max_iterations: int) -> list[str]:
@@ -468,13 +471,16 @@ def server_spec(args: argparse.Namespace, mode: str, log_path: str) -> ServerSpe
 
 
 def warm_up(args: argparse.Namespace, base_url: str, seed: int, tmp: str) -> float:
-    """A warm-up pass of every workload with another seed; its seconds."""
+    """A warm-up pass of every workload with another seed; its seconds. Ends once the
+    server's counters have settled, so that the next run reads them from there."""
     started = time.monotonic()
     if args.warmup_fraction > 0:
         for workload in args.workloads.split(","):
             run_client(base_url, client_args(args, workload, seed + 10_000, tmp, warmup=True),
                        args.client == "in-process")
-    return time.monotonic() - started
+    seconds = time.monotonic() - started
+    settled_metrics(base_url)  # the first measured run's "before" includes the warm-up (and probe)
+    return seconds
 
 
 def run_server(args: argparse.Namespace, round_: int, mode: str, log_path: str) -> list[dict]:
@@ -540,6 +546,8 @@ def run_concurrent(args: argparse.Namespace, log_dir: str, started: float) -> li
                     except (RuntimeError, OSError) as error:  # one failed run: the next one runs
                         keep({"mode": mode, "round": round_, "workload": "failed",
                               "failed_workload": workload, "error": str(error)[-4000:]})
+                        with contextlib.suppress(OSError):  # its counts stay out of the next run
+                            settled_metrics(url[mode])
                         continue
                     row.update(mode=mode, round=round_, server_ready_s=ready_s,
                                warmup_s=warmup_s[mode], concurrent=True)

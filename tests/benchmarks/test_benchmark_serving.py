@@ -140,6 +140,7 @@ def test_concurrent_servers_start_together_and_runs_alternate_by_workload(tmp_pa
 
     monkeypatch.setattr(serving, "serve_many", fake_serve_many)
     monkeypatch.setattr(serving, "run_workload", fake_workload)
+    monkeypatch.setattr(serving, "settled_metrics", lambda url: {})  # no server behind the URLs
     monkeypatch.setattr(serving, "run_client",
                         lambda url, argv, in_process=True: calls.append((url, "client", argv)) or {})
     out = tmp_path / "out.json"
@@ -213,6 +214,7 @@ def test_a_failed_concurrent_run_is_recorded_and_the_next_one_runs(tmp_path, mon
 
     monkeypatch.setattr(serving, "serve_many", fake_serve_many)
     monkeypatch.setattr(serving, "run_workload", fake_workload)
+    monkeypatch.setattr(serving, "settled_metrics", lambda url: {})  # no server behind the URLs
     monkeypatch.setattr(serving, "run_client", lambda url, argv, in_process=True: {})
     out = tmp_path / "out.json"
     serving.main(["--model", "m", "--modes", "align,lighter", "--rounds", "1", "--concurrent", "--no-probe",
