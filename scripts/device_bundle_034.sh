@@ -12,7 +12,10 @@ set -euo pipefail
 OUT=${1:-.devbundle34}
 CACHE=${DEVBUNDLE_CACHE:-$HOME/.cache/devbundle}/v034all
 SHARED=${SHARED_DEVICE:-$(cd "$(dirname "$0")/../.." && pwd)/shared/device}
-PART_BYTES=${PART_BYTES:-53000000}   # + the tracked tree (~12 MB) stays under 64 MiB
+# One upload holds at most 64 MiB with the tracked tree beside the part: leave 2 MB of room
+# (2026-12-05: the tree had grown to 16 MB and 53 MB parts no longer fit).
+TREE_BYTES=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+PART_BYTES=${PART_BYTES:-$(( 64 * 1024 * 1024 - TREE_BYTES - 2000000 ))}
 grep -qxF "/$OUT/" .git/info/exclude 2>/dev/null || echo "/$OUT/" >> .git/info/exclude
 mkdir -p "$CACHE" "$OUT"
 PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64

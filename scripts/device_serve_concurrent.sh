@@ -11,7 +11,11 @@
 # then wait up to WAIT_S for the job, print its progress, and pack $RESULTS (the servers' logs,
 # runs, the step timeline of profiled runs; not the traces themselves) into $OUT/serving.tgz.
 # Each server gets KV_BYTES of KV cache (default 10 GiB) so that three fit one H200 beside each
-# other; PROFILE=W (a workload of BENCH_ARGS) adds one profiled run per mode of W.
+# other; PROFILE=W (a workload of BENCH_ARGS) adds one profiled run per mode of W. Pools that
+# small fail two of vLLM 0.34's start-up checks at its defaults (seen 2026-12-05, 6 GiB: one
+# request of the model's 262,144 tokens needs 6.09 GiB; max_num_seqs 1,024 exceeds the 455 Mamba
+# blocks CUDA graph capture needs), so the servers get --max-model-len 32768 --max-num-seqs 128
+# (a later SERVE_EXTRA flag overrides).
 # SKIP_SETUP=1: a dry run where /tmp/vllm34_env.sh already sets the environment up (on the CPU
 # machine: one that puts .venv/bin first; with ARCH=qwen3_next BUILD_DEVICE=cpu KV_BYTES=1073741824
 # and the CPU serve flags in SERVE_EXTRA).
@@ -26,14 +30,15 @@ if [ "$ACTION" = start ]; then
       || { cat "$OUT/setup.log"; exit 3; }
     tail -1 "$OUT/setup.log"
   fi
-  rm -rf "$RESULTS" && mkdir -p "$RESULTS"
+  # A restarted job keeps the servers' torch.compile caches (one per mode, VLLM_CACHE_ROOT).
+  mkdir -p "$RESULTS" && find "$RESULTS" -mindepth 1 -maxdepth 1 ! -name 'vllm-cache-*' -exec rm -rf {} +
   PROFILE_ARGS=""
   [ -n "${PROFILE:-}" ] && PROFILE_ARGS="--profile-dir $RESULTS/profiles --profile-workloads $PROFILE"
   cat > "$RESULTS/job.sh" <<JOB
 . /tmp/vllm34_env.sh
 export RESULTS=$RESULTS MODES=${MODES:-off,align,lighter} ROUNDS=${ROUNDS:-3}
 export BENCH_ARGS="--concurrent $PROFILE_ARGS ${BENCH_ARGS:-}"
-export SERVE_EXTRA="--kv-cache-memory-bytes ${KV_BYTES:-10737418240} --gpu-memory-utilization 0.3 ${SERVE_EXTRA:-}"
+export SERVE_EXTRA="--kv-cache-memory-bytes ${KV_BYTES:-10737418240} --gpu-memory-utilization 0.3 --max-model-len 32768 --max-num-seqs 128 ${SERVE_EXTRA:-}"
 bash scripts/device_serving.sh
 if [ -d $RESULTS/profiles ]; then
   python3 benchmarks/profile_steps.py \$(ls -d $RESULTS/profiles/*) --output-json $RESULTS/profile_steps.json \
