@@ -9,8 +9,11 @@ the GPU timeline) and their period (one step's start to the next one's, which ad
 scheduler and the sampling between them); the host operations inside steps (aten ops, CUDA
 runtime calls such as synchronizations and copies, kernel launches) per step; and the GPU
 kernels by total time. Given several traces (one per mode) it prints them side by side.
+``--list-prefill N`` also lists each trace's first N prefill steps in order (which steps a
+prompt's prefill took, and what each cost), e.g. a cold prompt's chunks.
 
-    python benchmarks/profile_steps.py PROFILE_DIR/align PROFILE_DIR/lighter [--output-json F]
+    python benchmarks/profile_steps.py PROFILE_DIR/align PROFILE_DIR/lighter [--output-json F] \
+        [--list-prefill N]
 
 A directory stands for its newest worker trace (the front end's trace, if any, is skipped).
 """
@@ -69,14 +72,21 @@ def step_timeline(events: list[dict]) -> dict:
     for e in gpu_steps:
         gpu_by_name[e["name"]].append(e["dur"] / 1000)
     kinds: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in ("prefill", "decode")}
+    prefill_steps: list[dict] = []  # in order, for --list-prefill
     taken: Counter = Counter()
     for i, step in enumerate(host_steps):
         ctx, ctx_tokens, gen, gen_tokens = map(int, STEP.match(step["name"]).groups())
         kind = kinds["prefill" if ctx else "decode"]
         kind["host_ms"].append(step["dur"] / 1000)
         kind["tokens"].append(ctx_tokens + gen_tokens)
-        if i + 1 < len(host_steps):
-            kind["period_ms"].append((host_steps[i + 1]["ts"] - step["ts"]) / 1000)
+        period = (host_steps[i + 1]["ts"] - step["ts"]) / 1000 if i + 1 < len(host_steps) else None
+        if period is not None:
+            kind["period_ms"].append(period)
+        if ctx:
+            prefill_steps.append({"start_ms": (step["ts"] - host_steps[0]["ts"]) / 1000,
+                                  "prefill_requests": ctx, "prefill_tokens": ctx_tokens,
+                                  "decode_requests": gen, "host_ms": step["dur"] / 1000,
+                                  "period_ms": period})
         durations = gpu_by_name.get(step["name"], [])
         if taken[step["name"]] < len(durations):
             kind["gpu_ms"].append(durations[taken[step["name"]]])
@@ -115,6 +125,7 @@ def step_timeline(events: list[dict]) -> dict:
         "steps": n,
         "window_ms": window_ms,
         "kinds": {k: {name: _stats(v) for name, v in table.items()} for k, table in kinds.items()},
+        "prefill_steps": prefill_steps,
         "host_ops_in_steps": top(host_ops),
         "host_ops_between_steps": top(outside_steps),
         "kernels": top(kernels),
@@ -147,16 +158,31 @@ def print_side_by_side(summaries: dict[str, dict]) -> None:
             print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def print_prefill_steps(summaries: dict[str, dict], limit: int) -> None:
+    for label, summary in summaries.items():
+        print(f"\n## {label}: the first {limit} prefill steps, in order")
+        print("| start ms | prefill requests | prefill tokens | decode requests | host ms | period ms |")
+        print("|---|---|---|---|---|---|")
+        for s in summary["prefill_steps"][:limit]:
+            period = "-" if s["period_ms"] is None else f"{s['period_ms']:.1f}"
+            print(f"| {s['start_ms']:.1f} | {s['prefill_requests']} | {s['prefill_tokens']} | "
+                  f"{s['decode_requests']} | {s['host_ms']:.1f} | {period} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="+", type=Path, help="trace files or profile directories (one per mode)")
     p.add_argument("--output-json")
+    p.add_argument("--list-prefill", type=int, default=0, metavar="N",
+                   help="also list each trace's first N prefill steps in order")
     args = p.parse_args(argv)
     summaries = {}
     for path in args.traces:
         trace = find_trace(path)
         summaries[path.name] = {"trace": str(trace), **step_timeline(load_events(trace))}
     print_side_by_side(summaries)
+    if args.list_prefill:
+        print_prefill_steps(summaries, args.list_prefill)
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(summaries, indent=1))
 

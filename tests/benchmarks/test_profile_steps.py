@@ -45,6 +45,11 @@ def test_steps_are_split_by_kind_and_host_ops_attributed_to_steps(tmp_path):
     between = {r["name"] for r in summary["host_ops_between_steps"]}
     assert "cpu_op:aten::sort" in between
     assert profile_steps.find_trace(trace) == trace
+    steps = summary["prefill_steps"]
+    assert [s["prefill_tokens"] for s in steps] == [100, 100, 100]
+    assert [s["decode_requests"] for s in steps] == [2, 2, 2]
+    assert steps[0]["start_ms"] == 0 and steps[0]["start_ms"] < steps[1]["start_ms"] < steps[2]["start_ms"]
+    assert all(s["period_ms"] >= s["host_ms"] > 0 for s in steps)
 
 
 def test_a_trace_without_step_annotations_is_one_clear_error(tmp_path):
