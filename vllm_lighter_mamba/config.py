@@ -36,11 +36,15 @@ DEFAULT_CHECKPOINT_SHARE = 0.5
 
 
 # ``additional_config`` key of the cold-prompt checkpoints (``v1/core/sched/policy.py``): how many
-# blocks before a cold prompt's last cache position its chunks also end, e.g. [1, 2, 4] (the
-# default) or [] (none: a cold prompt's chunks end where align's do). Each checkpoint costs a
-# cold prompt one more prefill step; it pays when a first follower diverges within that span.
+# blocks before a cold prompt's last cache position its chunks also end, e.g. [1, 2, 4], or []
+# (the default: a cold prompt's chunks end where align's do). Each checkpoint costs a cold
+# prompt one more prefill step; it pays when a first follower diverges within that span. On the
+# H200 (vLLM 0.34, 80B-shaped Qwen3-Next, 2026-12-05) a prefill step cost about the same at 576
+# tokens as at 8,064, so [1, 2, 4] doubled a cold 16k prompt's prefill steps (3 -> 6) and its
+# TTFT p90 (docs/benchmarks.md); they stay opt-in until boundary states are written inside the
+# forward, which makes them free.
 COLD_CHECKPOINTS_KEY = "lighter_mamba_cold_checkpoints"
-DEFAULT_COLD_CHECKPOINTS = (1, 2, 4)
+DEFAULT_COLD_CHECKPOINTS: tuple[int, ...] = ()
 
 
 def parse_cold_checkpoints(value: Any) -> tuple[int, ...]:

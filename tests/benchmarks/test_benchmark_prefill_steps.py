@@ -40,13 +40,15 @@ def test_prefill_stats_counts_prompt_chunks_only(bench):
 # - align, vLLM's CUDA defaults: 0-512, then 512-900 in one chunk: its internal checkpoint
 #   writes the state at 768 without a cut (2 steps); the repeat hits 768: one 132-token chunk.
 # - align:triton (no internal checkpoints): 0-512, 512-768 (cut at the last boundary), 768-900.
-# - lighter: a cold prompt also stops 1 and 2 blocks before 768 (512, 256): 0-256, 256-512,
-#   512-768, 768-900 (4 steps); the repeat hits 768.
+# - lighter (no cold-prompt checkpoints, the default): align:triton's chunks.
+# - lighter:ckpt=1/2/4: a cold prompt also stops 1 and 2 blocks before 768 (512, 256; 4 blocks
+#   before is below 0): 0-256, 256-512, 512-768, 768-900 (4 steps); the repeat hits 768.
 EXPECTED = {
     "none": ([512, 388], 0, [512, 388]),
     "align": ([512, 388], 768, [132]),
     "align:triton": ([512, 256, 132], 768, [132]),
-    "lighter": ([256, 256, 256, 132], 768, [132]),
+    "lighter": ([512, 256, 132], 768, [132]),
+    "lighter:ckpt=1/2/4": ([256, 256, 256, 132], 768, [132]),
 }
 
 

@@ -90,18 +90,21 @@ def test_first_follower_anomaly_per_request(qwen3_next_dir, tmp_path):
     whose first prompt's unique tail (200-300 tokens) puts that prompt's last block boundary
     (1024) past the prefix. Align caches a state only where a chunk ends, so no state covers
     the shared 768 tokens: the first follower recomputes them (its attention KV hit is lost),
-    and only its junction stop serves the next followers. The lighter cache's cold-prompt
-    checkpoint (one block before 1024) serves the first follower too."""
-    report = run(["--simulate", "--model", qwen3_next_dir, "--compare", "align,lighter",
+    and only its junction stop serves the next followers. So does the lighter cache without
+    cold-prompt checkpoints (its default); with them, the checkpoint one block before 1024
+    serves the first follower too."""
+    checkpointed = "lighter:ckpt=1/2/4"
+    modes = ("align", "lighter", checkpointed)
+    report = run(["--simulate", "--model", qwen3_next_dir, "--compare", ",".join(modes),
                   "--workload", "shared-prefix", "--num-prompts", "4", "--prefix-len", "900",
                   "--input-length-range", "200:300", "--output-len", "4", "--repeat-count", "1",
                   "--sim-block-size", "256", "--show-requests"], tmp_path, "anomaly")
-    per = {mode: {q["request_id"]: q for q in report["requests"][f"{mode}/shared-prefix"]}
-           for mode in ("align", "lighter")}
-    assert (per["align"]["p1"]["cached_tokens"], per["align"]["p1"]["lost_hit_tokens"]) == (0, 768)
-    assert [per["align"][f"p{i}"]["cached_tokens"] for i in (2, 3)] == [768, 768]
-    assert [per["lighter"][f"p{i}"]["cached_tokens"] for i in (1, 2, 3)] == [768, 768, 768]
-    assert all(q["lost_hit_tokens"] == 0 for q in per["lighter"].values())
+    per = {mode: {q["request_id"]: q for q in report["requests"][f"{mode}/shared-prefix"]} for mode in modes}
+    for mode in ("align", "lighter"):
+        assert (per[mode]["p1"]["cached_tokens"], per[mode]["p1"]["lost_hit_tokens"]) == (0, 768)
+        assert [per[mode][f"p{i}"]["cached_tokens"] for i in (2, 3)] == [768, 768]
+    assert [per[checkpointed][f"p{i}"]["cached_tokens"] for i in (1, 2, 3)] == [768, 768, 768]
+    assert all(q["lost_hit_tokens"] == 0 for q in per[checkpointed].values())
 
 
 def test_simulated_pool_size_sweep(qwen3_next_dir, tmp_path):

@@ -53,9 +53,10 @@ def test_completions_first_follower_hits(server):
     base_url, model, log = server
     client = OpenAI(base_url=base_url + "/v1", api_key="unused")
     before = metrics(base_url)
-    # The first prompt's unique tail (300 tokens) puts its last block boundary past the
-    # shared 900 tokens, the case where upstream align serves the first follower nothing
-    # (issue 8): only a state left at a cold-prompt checkpoint can serve it.
+    # The first prompt's unique tail (300 tokens) puts its last block boundary (1,152) past the
+    # shared 900 tokens; its first chunk ends at 768 (the 1,024-token budget on the 384-token
+    # block grid), and the state there serves the first follower (with or without cold-prompt
+    # checkpoints: 768 is also the one 1 block before 1,152).
     prompts = [SYSTEM + " " + shared_text(3, 300)] + [SYSTEM + f" question {i}?" for i in (1, 2)]
     usages = [complete(client, model, p) for p in prompts]
     assert cached_tokens(usages[0]) == 0

@@ -229,7 +229,7 @@ def test_unsupported_options_each_get_one_line(monkeypatch):
 def test_cold_checkpoints_setting_is_parsed_and_a_bad_one_is_one_clear_error(qwen3_next_dir, monkeypatch):
     from vllm_lighter_mamba.config import COLD_CHECKPOINTS_KEY, cold_checkpoints, parse_cold_checkpoints
 
-    assert parse_cold_checkpoints(None) == (1, 2, 4)
+    assert parse_cold_checkpoints(None) == ()  # none unless asked for
     assert parse_cold_checkpoints([4, 1]) == (1, 4)
     assert parse_cold_checkpoints([]) == ()
     for bad in ([0], [1, 1], "1,2", [True], [1.5]):

@@ -33,14 +33,15 @@ from vllm_lighter_mamba.config import COLD_CHECKPOINTS_KEY, CONFIG_KEY, SETTINGS
 MODES = ("none", "align", "lighter")
 
 
-LighterOptions = tuple[tuple[str, float | tuple[int, ...]], ...]
+LighterOptions = tuple[tuple[str, float | str | tuple[int, ...]], ...]
 
 
 def parse_mode(mode: str) -> tuple[str, str | LighterOptions | None]:
     """``lighter`` with the retention policy's defaults, ``lighter:off`` without the policy
     (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, comma-separated) with
     other settings (``RetentionSettings``); ``ckpt=1/2/4`` (or ``ckpt=none``) sets the cold-prompt
-    checkpoint distances in blocks (``config.COLD_CHECKPOINTS_KEY``)."""
+    checkpoint distances in blocks (``config.COLD_CHECKPOINTS_KEY``), also beside ``off``
+    (``lighter:off,ckpt=1/2/4``)."""
     base, _, option = mode.partition(":")
     if base not in MODES or (option and base != "lighter"):
         expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y,ckpt=1/2/4"))
@@ -50,8 +51,11 @@ def parse_mode(mode: str) -> tuple[str, str | LighterOptions | None]:
     if option == "off":
         return base, "off"
     names = {"alpha": "alpha", "share": "checkpoint_share"}
-    settings: list[tuple[str, float | tuple[int, ...]]] = []
+    settings: list[tuple[str, float | str | tuple[int, ...]]] = []
     for item in option.split(","):
+        if item == "off":
+            settings.append(("retention", "off"))
+            continue
         name, _, value = item.partition("=")
         if name == "ckpt":
             distances = () if value == "none" else tuple(int(d) for d in value.split("/"))
@@ -60,6 +64,8 @@ def parse_mode(mode: str) -> tuple[str, str | LighterOptions | None]:
         if name not in names:
             raise ValueError(f"unknown mode option {item!r} (off, alpha=X, share=Y, ckpt=1/2/4)")
         settings.append((names[name], float(value)))
+    if ("retention", "off") in settings and any(name in names.values() for name, _ in settings):
+        raise ValueError(f"mode {mode!r}: off takes no retention settings")
     return base, tuple(settings)
 
 
@@ -73,6 +79,8 @@ def lighter_options_config(options: str | LighterOptions | None) -> dict:
     config: dict = {}
     if "cold_checkpoints" in settings:
         config[COLD_CHECKPOINTS_KEY] = list(settings.pop("cold_checkpoints"))
+    if settings.pop("retention", None) == "off":
+        config[SETTINGS_KEY] = "off"
     if settings:
         config[SETTINGS_KEY] = settings
     return config

@@ -144,8 +144,8 @@ class ShadowWorker:
         return len(self.reads)
 
 
-def replay_with_shadow(requests, model_dir: str, **kwargs):
-    """``replay("lighter", ...)`` with a shadow worker; every read verified at the end."""
+def replay_with_shadow(requests, model_dir: str, mode: str = "lighter", **kwargs):
+    """``replay(mode, ...)`` (a lighter mode) with a shadow worker; every read verified at the end."""
     from vllm_lighter_mamba.bench.sim import replay
 
     shadow = ShadowWorker(
@@ -155,7 +155,7 @@ def replay_with_shadow(requests, model_dir: str, **kwargs):
     )
     observers = [*kwargs.pop("observers", ()), shadow]
     after = [*kwargs.pop("after_output", ()), shadow.after_output]
-    result = replay("lighter", requests, model_dir, observers=observers, after_output=after, **kwargs)
+    result = replay(mode, requests, model_dir, observers=observers, after_output=after, **kwargs)
     shadow.verify(result.requests)
     result.shadow = shadow
     return result

@@ -15,11 +15,14 @@ from vllm_lighter_mamba.v1.core.sched.policy import (
 )
 
 BS = 16
+# The policy is tested with checkpoints (the setting's example; the engine's default is none).
+CHECKPOINTS = (1, 2, 4)
 
 
 def chunk(start, n, prompt, tokens=None, eagle=False, junction=0, cold=False):
     tokens = prompt if tokens is None else tokens
-    stops = tuple(checkpoint_positions(last_cache_position(tokens, BS, eagle), BS)) if cold else ()
+    last = last_cache_position(tokens, BS, eagle)
+    stops = tuple(checkpoint_positions(last, BS, CHECKPOINTS)) if cold else ()
     return block_aligned_chunk_len(start, n, prompt, tokens, BS, eagle, junction, stops)[0]
 
 
@@ -86,8 +89,8 @@ def test_junction_of_a_shared_prefix_is_a_stop():
 
 
 def test_checkpoint_positions_count_back_from_the_last_position():
-    assert checkpoint_positions(192, 16) == [176, 160, 128]
-    assert checkpoint_positions(32, 16) == [16]  # none at or below 0
+    assert checkpoint_positions(192, 16, CHECKPOINTS) == [176, 160, 128]
+    assert checkpoint_positions(32, 16, CHECKPOINTS) == [16]  # none at or below 0
 
 
 def test_cold_prompt_stops_at_checkpoints_and_owes_align_its_end():
@@ -133,7 +136,7 @@ def test_issue8_first_follower_scenario_leaves_a_state_at_the_junction():
     # and 1152, past the shared prefix; the checkpoint two blocks before (896) is the
     # junction a follower needs, and align's ends stay ends.
     prompt, bs = 1201, 128
-    stops = tuple(checkpoint_positions(last_cache_position(prompt, bs, False), bs))
+    stops = tuple(checkpoint_positions(last_cache_position(prompt, bs, False), bs, CHECKPOINTS))
     ends = trajectory(prompt, [1024], bs, stops)
     assert 896 in ends and {1024, 1152} <= set(ends) and ends[-1] == prompt
     assert trajectory(prompt, [1024], bs, ()) == [1024, 1152, 1201]
@@ -144,7 +147,7 @@ def test_property_every_align_chunk_end_is_kept(prompt, budget, block_size, cold
     """Issue 13: under the same budget, checkpoints add chunk ends and never drop align's."""
     budget = max(budget, block_size)  # start-up rejects budgets below a block
     last = last_cache_position(prompt, block_size, False)
-    stops = tuple(checkpoint_positions(last, block_size)) if cold else ()
+    stops = tuple(checkpoint_positions(last, block_size, CHECKPOINTS)) if cold else ()
     align = trajectory(prompt, [budget], block_size, ())
     ours = trajectory(prompt, [budget], block_size, stops)
     assert set(align) <= set(ours)
@@ -159,7 +162,7 @@ def test_property_eagle_keeps_every_align_state(prompt, budget, block_size, cold
     position chunk ends off the block grid hold no cacheable state and may move.)"""
     budget = max(budget, block_size)
     last = last_cache_position(prompt, block_size, True)
-    stops = (tuple(checkpoint_positions(last, block_size)) if cold else ()) + next_turn_stops(
+    stops = (tuple(checkpoint_positions(last, block_size, CHECKPOINTS)) if cold else ()) + next_turn_stops(
         prompt, block_size, True
     )
     align = {e for e in trajectory(prompt, [budget], block_size, (), eagle=True) if e % block_size == 0}
@@ -187,7 +190,7 @@ def test_property_chunk_ends_are_cacheable(prompt, extra, start_blocks, n, block
     start = min(start_blocks * block_size, tokens - 1)
     n = min(n, tokens - start)  # the scheduler never asks for more than remains
     last = last_cache_position(tokens, block_size, eagle)
-    stops = tuple(checkpoint_positions(last, block_size)) if cold else ()
+    stops = tuple(checkpoint_positions(last, block_size, CHECKPOINTS)) if cold else ()
     got, owed = block_aligned_chunk_len(start, n, prompt, tokens, block_size, eagle, junction, stops)
     assert 0 <= got <= max(n, 0)
     end = start + got

@@ -63,13 +63,18 @@ def test_pure_position_helpers():
     assert list(new_positions(3, 49, 16, 0)) == [3]
 
 
-def test_no_hit_chunked_prefill_then_decode(qwen3_next_dir):
+@pytest.mark.parametrize(("mode", "chunks"), [
+    # 200 tokens with a 64-token budget, last cache position 192: chunks of 64, 64, 64 (to
+    # align's end, 192), the tail (no cold-prompt checkpoints: the default)
+    ("lighter", [64, 64, 64, 8]),
+    # with checkpoints 1, 2 and 4 blocks before 192: 64, 64, then 160 and 176, 192, the tail
+    ("lighter:ckpt=1/2/4", [64, 64, 32, 16, 16, 8]),
+])
+def test_no_hit_chunked_prefill_then_decode(qwen3_next_dir, mode, chunks):
     reqs = [SimRequest("a", list(range(200)), max_tokens=40)]
-    result = run(reqs, layout_checker(), model=qwen3_next_dir)
+    result = run(reqs, layout_checker(), model=qwen3_next_dir, mode=mode)
     assert result.cached_per_request["a"] == 0
-    # 200 tokens with a 64-token budget, last cache position 192: chunks of 64, 64, then
-    # the cold-prompt checkpoints 160 and 176 (2 and 1 blocks before 192), 192, the tail.
-    assert [c[2] for c in result.chunks[:6]] == [64, 64, 32, 16, 16, 8]
+    assert [c[2] for c in result.chunks[:len(chunks)]] == chunks
     # The shadow worker copied the state at every chunk boundary and decode crossing.
     assert result.shadow.num_copies >= 3
 
@@ -81,8 +86,8 @@ def test_hit_at_k_blocks(qwen3_next_dir):
         SimRequest("second", prefix + [4, 5, 6, 7], max_tokens=4, arrival_step=20),
     ]
     result = run(reqs, layout_checker(), model=qwen3_next_dir)
-    # 100 shared tokens: 6 full blocks; the first prompt's chunks ended at 64 (budget),
-    # 80 (a cold-prompt checkpoint inside align's last chunk 64..96) and 96.
+    # 100 shared tokens: 6 full blocks; the first prompt's chunks ended at 64 (budget) and 96
+    # (its last cache position).
     assert result.cached_per_request["second"] == 96
 
 

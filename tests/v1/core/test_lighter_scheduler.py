@@ -183,9 +183,10 @@ def _chunk_ends(mode, reqs, qwen3_next_dir, bs):
 
 
 @pytest.mark.parametrize(("mode", "checkpoints"), [
-    ("lighter", (128 - 16, 128 - 32, 128 - 64)),  # the default distances: 1, 2 and 4 blocks
+    ("lighter:ckpt=1/2/4", (128 - 16, 128 - 32, 128 - 64)),
     ("lighter:ckpt=3", (128 - 48,)),
     ("lighter:ckpt=none", ()),
+    ("lighter", ()),  # none by default
 ])
 def test_cold_prompt_checkpoints_follow_the_setting(qwen3_next_dir, mode, checkpoints):
     """A cold prompt's chunks end at its checkpoints (``lighter_mamba_cold_checkpoints``

@@ -43,6 +43,12 @@ from vllm_lighter_mamba.v1.metrics.prometheus import LighterMambaMetrics
 
 from .invariants import check_all_returned, check_pool
 
+# The replays run the policy with cold-prompt checkpoints (1, 2 and 4 blocks: a setting, none
+# by default), so that its checkpoint bets are exercised too; ``OFF``: vLLM's LRU order, the same
+# chunks.
+ON = "lighter:ckpt=1/2/4"
+OFF = "lighter:off,ckpt=1/2/4"
+
 BS = 4
 ATTENTION, MAMBA = [0], [1, 2, 3]
 
@@ -133,7 +139,7 @@ class Pool:
         tokens = list(range(first_token, first_token + num_blocks * BS + 1))
         request = make_request(SimRequest(rid, tokens, 1), BS)
         if cold:  # as the scheduler plans a prompt that found nothing cached
-            checkpoints = tuple(checkpoint_positions(num_blocks * BS, BS))
+            checkpoints = tuple(checkpoint_positions(num_blocks * BS, BS, (1, 2, 4)))
             plan = plan_request(len(tokens), 1, BS, False, stops=checkpoints, checkpoints=checkpoints)
             self.plans.set(rid, plan)
         attention = self.pool.get_new_blocks(num_blocks)
@@ -387,10 +393,10 @@ def test_free_queue_order_is_checked_before_the_policy_is_installed(monkeypatch)
 def test_policy_stays_off_where_the_free_queue_order_does_not_hold(qwen3_next_dir, monkeypatch):
     """Through the scheduler: the check failing leaves vLLM's LRU order (as the policy off)."""
     monkeypatch.setattr(block_pool_retention, "free_queue_order_holds", lambda pool_cls: False)
-    unchecked = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    unchecked = replay(ON, pressure_trace(), qwen3_next_dir, **PRESSURE)
     pool = unchecked.scheduler.kv_cache_manager.block_pool
     assert retention_of(pool) is None and engine_counters(pool).retention_failures == 0
-    off = replay("lighter:off", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    off = replay(OFF, pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert unchecked.chunks == off.chunks and unchecked.outputs == off.outputs
     assert unchecked.scheduler.lighter_counters.as_dict() == off.scheduler.lighter_counters.as_dict()
 
@@ -408,7 +414,7 @@ def test_admission_decisions_in_a_replay(qwen3_next_dir):
     # 64-token budget (chunk ends 64, then 96, 128, 144, 160); 40 tokens to generate: decode
     # crosses 176 and 192, and ends at 200 computed tokens (state at 192).
     request = SimRequest("a", list(range(1, 162)), max_tokens=40)
-    result = replay("lighter", [request], qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
+    result = replay(ON, [request], qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
     scheduler, vllm_request = result.scheduler, result.requests["a"]
     positions = (64, 96, 128, 144, 160, 176, 192)
     decisions = {pos: node_at(scheduler, vllm_request, pos).resumable for pos in positions}
@@ -425,7 +431,7 @@ def test_a_request_that_stops_early_keeps_its_deepest_state(qwen3_next_dir):
     """Decode was expected to run to 200 tokens; aborted after about 180, its deepest state
     (176) was dropped when decode crossed it, and is kept once the request lets go."""
     request = SimRequest("a", list(range(1, 162)), max_tokens=40, abort_at_step=25)
-    result = replay("lighter", [request], qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
+    result = replay(ON, [request], qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
     vllm_request = result.requests["a"]
     assert 176 < vllm_request.num_computed_tokens < 192
     assert node_at(result.scheduler, vllm_request, 176).resumable
@@ -435,7 +441,7 @@ def test_a_request_that_stops_early_keeps_its_deepest_state(qwen3_next_dir):
 def test_counters_add_up_under_pressure(qwen3_next_dir):
     reqs = [SimRequest(f"e{i}", [i % 3 + 1] * 100 + [i + 7] * 60, max_tokens=20, arrival_step=4 * i)
             for i in range(16)]
-    result = replay("lighter", reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64, num_blocks=80,
+    result = replay(ON, reqs, qwen3_next_dir, block_size=16, max_num_batched_tokens=64, num_blocks=80,
                     num_mamba_groups=3, check=lambda s, o, step: check_pool(s))
     counters = result.scheduler.lighter_counters
     tracker = cached_block_tracker(result.scheduler)
@@ -494,10 +500,10 @@ def test_align_under_pressure_is_vllms_own(qwen3_next_dir):
 
 
 def test_policy_off_leaves_lrus_order(qwen3_next_dir):
-    off = replay("lighter:off", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    off = replay(OFF, pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert retention_of(off.scheduler.kv_cache_manager.block_pool) is None
     assert off.scheduler.lighter_counters.evicted_pages_lru > 0
-    on = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    on = replay(ON, pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert on.outputs == off.outputs and on.chunks != off.chunks  # other victims, same tokens
 
 
@@ -524,12 +530,12 @@ def test_a_failure_at_any_entry_point_turns_the_policy_off(qwen3_next_dir, monke
         return upstream(self, *args, **kwargs)
 
     monkeypatch.setattr(block_pool_retention.StateRetention, entry, broken)
-    failed = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    failed = replay(ON, pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert len(calls) == 3  # it raised once, and was not called after
     pool = failed.scheduler.kv_cache_manager.block_pool
     assert retention_of(pool) is None
     assert engine_counters(pool).retention_failures == 1
-    reference = replay("lighter:off", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    reference = replay(OFF, pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert failed.outputs == reference.outputs  # (the simulator's model is a function of tokens)
     check_all_returned(failed.scheduler)
 
@@ -542,7 +548,7 @@ def test_strict_mode_raises_the_bookkeeping_error(qwen3_next_dir, monkeypatch):
 
     monkeypatch.setattr(block_pool_retention.StateRetention, "after_free", broken)
     with pytest.raises(RuntimeError, match="bookkeeping bug"):
-        replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+        replay(ON, pressure_trace(), qwen3_next_dir, **PRESSURE)
 
 
 def test_a_bad_victim_leaves_the_free_queue_as_it_was(qwen3_next_dir, monkeypatch):
@@ -572,7 +578,7 @@ def test_a_bad_victim_leaves_the_free_queue_as_it_was(qwen3_next_dir, monkeypatc
 
     monkeypatch.setattr(block_pool_retention.StateRetention, "_pick", bad_pick)
     monkeypatch.setattr(block_pool_retention.StateRetention, "before_allocation", checked_before_allocation)
-    failed = replay("lighter", pressure_trace(), qwen3_next_dir, **PRESSURE)
+    failed = replay(ON, pressure_trace(), qwen3_next_dir, **PRESSURE)
     assert raised == [True]
     pool = failed.scheduler.kv_cache_manager.block_pool
     assert retention_of(pool) is None and engine_counters(pool).retention_failures == 1

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
 
-from vllm_lighter_mamba.config import DEFAULT_COLD_CHECKPOINTS
-
-# A prompt that found nothing in the cache ("cold") also leaves states this many blocks
-# before its last cache position. Its last state covers its own unique tail too, so a
-# later prompt that shares only the head (a system prompt followed by a different
+# A prompt that found nothing in the cache ("cold") may also leave states a few blocks
+# before its last cache position (its checkpoints). Its last state covers its own unique tail
+# too, so a later prompt that shares only the head (a system prompt followed by a different
 # question) cannot use it; vLLM then reports the junction and the *first* such follower
 # recomputes the prefix (upstream align does the same: issue 8's "first follower gets 0").
 # Checkpoints close to the end serve the common case (a long shared head, a short unique
-# tail) for the price of a few extra chunk ends on cold prompts only. The engine's distances
-# come from ``config.cold_checkpoints`` (``additional_config``); this is their default.
-COLD_PROMPT_CHECKPOINTS_IN_BLOCKS = DEFAULT_COLD_CHECKPOINTS
+# tail) for the price of one more chunk end each, on cold prompts only. The distances come
+# from ``config.cold_checkpoints`` (``additional_config``; none by default).
 
 
 def last_cache_position(num_tokens: int, block_size: int, use_eagle: bool) -> int:
@@ -55,9 +52,7 @@ def next_turn_stops(num_tokens: int, block_size: int, use_eagle: bool) -> tuple[
     return (position,) if use_eagle and 0 < position < num_tokens else ()
 
 
-def checkpoint_positions(
-    last_position: int, block_size: int, distances: tuple[int, ...] = COLD_PROMPT_CHECKPOINTS_IN_BLOCKS
-) -> list[int]:
+def checkpoint_positions(last_position: int, block_size: int, distances: tuple[int, ...]) -> list[int]:
     """Block boundaries before ``last_position`` where a cold prompt's chunks also end."""
     return [last_position - d * block_size for d in distances if last_position - d * block_size > 0]
 
