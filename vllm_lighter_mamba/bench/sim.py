@@ -36,7 +36,7 @@ MODES = ("none", "align", "lighter")
 LighterOptions = tuple[tuple[str, float | str | tuple[int, ...]], ...]
 
 
-def parse_mode(mode: str) -> tuple[str, str | LighterOptions | None]:
+def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
     """``lighter`` with the retention policy's defaults, ``lighter:off`` without the policy
     (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, comma-separated) with
     other settings (``RetentionSettings``); ``ckpt=1/2/4`` (or ``ckpt=none``) sets the cold-prompt
@@ -48,8 +48,6 @@ def parse_mode(mode: str) -> tuple[str, str | LighterOptions | None]:
         raise ValueError(f"unknown mode {mode!r}; expected {expected}")
     if not option:
         return base, None
-    if option == "off":
-        return base, "off"
     names = {"alpha": "alpha", "share": "checkpoint_share"}
     settings: list[tuple[str, float | str | tuple[int, ...]]] = []
     for item in option.split(","):
@@ -69,12 +67,10 @@ def parse_mode(mode: str) -> tuple[str, str | LighterOptions | None]:
     return base, tuple(settings)
 
 
-def lighter_options_config(options: str | LighterOptions | None) -> dict:
+def lighter_options_config(options: LighterOptions | None) -> dict:
     """The ``additional_config`` entries of a lighter mode's options (:func:`parse_mode`)."""
     if options is None:
         return {}
-    if options == "off":
-        return {SETTINGS_KEY: "off"}
     settings = dict(options)
     config: dict = {}
     if "cold_checkpoints" in settings:
@@ -159,7 +155,7 @@ def _vllm_config(
     max_model_len: int,
     async_scheduling: bool,
     num_blocks: int,
-    retention: str | LighterOptions | None = None,
+    retention: LighterOptions | None = None,
     prefix_match_unit: int | None = None,
 ):
     """Built once per setting: loading the model's HF config dominates a short replay."""
