@@ -30,6 +30,12 @@ SETTINGS_KEY = "lighter_mamba_retention"
 # kept 1.3x align at every pressure point of multi-prefix, multi-turn and repeat; was 4).
 DEFAULT_ALPHA = 16.0
 
+# The most extra lifetime the utility term may buy a state, in turnovers of the pool
+# (``retention_policy.utility_bonus_cap``): past it a newer state outranks an older one whatever
+# each would save, so states of a workload nobody sends any more leave (docs/benchmarks.md,
+# 2026-12-05). Chosen by the sweeps there.
+DEFAULT_UTILITY_CAP = 1.0
+
 # Share of the pool that cold-prompt checkpoints nobody resumed from yet may hold under
 # pressure before the oldest go first (docs/benchmarks.md).
 DEFAULT_CHECKPOINT_SHARE = 0.5
@@ -72,6 +78,7 @@ def cold_checkpoints(vllm_config: Any) -> tuple[int, ...]:
 class RetentionSettings:
     alpha: float = DEFAULT_ALPHA
     checkpoint_share: float = DEFAULT_CHECKPOINT_SHARE
+    utility_cap: float = DEFAULT_UTILITY_CAP
 
 
 def parse_settings(value: Any) -> RetentionSettings | None:
@@ -80,13 +87,13 @@ def parse_settings(value: Any) -> RetentionSettings | None:
         return RetentionSettings()
     if isinstance(value, str) and value.lower() in ("off", "none", "lru"):
         return None
-    if isinstance(value, dict) and set(value) <= {"alpha", "checkpoint_share"}:
+    if isinstance(value, dict) and set(value) <= {"alpha", "checkpoint_share", "utility_cap"}:
         numbers = {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if len(numbers) == len(value) and all(v >= 0 for v in numbers.values()):
             return RetentionSettings(**{k: float(v) for k, v in numbers.items()})
     raise LighterMambaConfigError(
         f"additional_config[{SETTINGS_KEY!r}] = {value!r}: expected \"off\" or "
-        '{"alpha": <number >= 0>, "checkpoint_share": <number >= 0>}'
+        '{"alpha": <number >= 0>, "checkpoint_share": <number >= 0>, "utility_cap": <number >= 0>}'
     )
 
 

@@ -38,17 +38,17 @@ LighterOptions = tuple[tuple[str, float | str | tuple[int, ...]], ...]
 
 def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
     """``lighter`` with the retention policy's defaults, ``lighter:off`` without the policy
-    (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, comma-separated) with
+    (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, ``cap=Z``, comma-separated) with
     other settings (``RetentionSettings``); ``ckpt=1/2/4`` (or ``ckpt=none``) sets the cold-prompt
     checkpoint distances in blocks (``config.COLD_CHECKPOINTS_KEY``), also beside ``off``
     (``lighter:off,ckpt=1/2/4``)."""
     base, _, option = mode.partition(":")
     if base not in MODES or (option and base != "lighter"):
-        expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y,ckpt=1/2/4"))
+        expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y,cap=Z,ckpt=1/2/4"))
         raise ValueError(f"unknown mode {mode!r}; expected {expected}")
     if not option:
         return base, None
-    names = {"alpha": "alpha", "share": "checkpoint_share"}
+    names = {"alpha": "alpha", "share": "checkpoint_share", "cap": "utility_cap"}
     settings: list[tuple[str, float | str | tuple[int, ...]]] = []
     for item in option.split(","):
         if item == "off":
@@ -60,7 +60,7 @@ def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
             settings.append(("cold_checkpoints", distances))
             continue
         if name not in names:
-            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, share=Y, ckpt=1/2/4)")
+            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, share=Y, cap=Z, ckpt=1/2/4)")
         settings.append((names[name], float(value)))
     if ("retention", "off") in settings and any(name in names.values() for name, _ in settings):
         raise ValueError(f"mode {mode!r}: off takes no retention settings")

@@ -35,6 +35,7 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     is_checkpoint_bet,
     settle_bet,
     state_utility,
+    utility_bonus_cap,
 )
 from vllm_lighter_mamba.v1.core.sched.policy import checkpoint_positions
 from vllm_lighter_mamba.v1.core.single_type_kv_cache_manager import claim_primary_group
@@ -92,6 +93,17 @@ def test_utility_counts_the_work_lost_per_page_freed():
     assert eviction_score(11, leaf, 1.0) < eviction_score(10, junction, 1.0)
 
 
+def test_utility_buys_at_most_the_cap_of_extra_lifetime():
+    junction, leaf = state_utility(2048, 0, 3 + 8), state_utility(2304, 2048, 3 + 1)
+    assert utility_bonus_cap(455, 1.0) == 455 and utility_bonus_cap(455, 0.5) == 227.5
+    # Below the cap utility still ranks: the junction outlives a slightly newer leaf.
+    assert eviction_score(11, leaf, 1.0, max_bonus=455) < eviction_score(10, junction, 1.0, max_bonus=455)
+    # Past it a newer state outranks an older one whatever each saves (a workload nobody sends
+    # any more leaves); uncapped the old junction outlives a leaf released 1,900 pages later.
+    assert eviction_score(10, junction, 16.0, max_bonus=455) < eviction_score(11, leaf, 16.0, max_bonus=455)
+    assert eviction_score(1910, leaf, 16.0) < eviction_score(10, junction, 16.0)
+
+
 def test_checkpoint_bets():
     # A cold prompt's checkpoints (last boundary 160, block 16), then the align end a
     # checkpoint pushed back (128): align caches that one, so it is no bet.
@@ -107,6 +119,7 @@ def test_settings():
     assert parse_settings("off") is None
     assert parse_settings({"alpha": 2}) == RetentionSettings(alpha=2.0)
     assert parse_settings({"checkpoint_share": 0}) == RetentionSettings(checkpoint_share=0.0)
+    assert parse_settings({"utility_cap": 2}) == RetentionSettings(utility_cap=2.0)
     for bad in ("on", {"alpha": -1}, {"beta": 1}, {"alpha": True}, 3, {"checkpoint_share": "x"}):
         with pytest.raises(LighterMambaConfigError, match="lighter_mamba_retention"):
             parse_settings(bad)
@@ -119,12 +132,13 @@ class Pool:
     """vLLM's BlockPool (patched as in a lighter engine) with the policy installed: one
     attention group and three Mamba groups, chains cached by hand."""
 
-    def __init__(self, num_blocks: int = 64, alpha: float = 1.0, checkpoint_share: float = 1.0) -> None:
+    def __init__(self, num_blocks: int = 64, alpha: float = 1.0, checkpoint_share: float = 1.0,
+                 utility_cap: float = 1.0) -> None:
         install_patches()
         self.pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=BS)
         claim_primary_group(self.pool, MAMBA[0])
         self.counters = engine_counters(self.pool)
-        settings = RetentionSettings(alpha, checkpoint_share)
+        settings = RetentionSettings(alpha, checkpoint_share, utility_cap)
         self.plans = RetentionPlans()
         retention = install_retention(self.pool, BS, ATTENTION, MAMBA, settings, self.counters, self.plans)
         assert retention is not None
@@ -316,6 +330,29 @@ def test_a_prompt_end_outranks_its_own_decode_end_until_a_continuation_passes_it
 
     assert run(continued=False) == (True, False)
     assert run(continued=True) == (False, True)
+
+
+def test_an_old_state_worth_more_goes_before_a_newer_one_once_both_pass_the_cap():
+    """A change of workload: an old prompt's state that saves much per page (8 blocks of
+    prefix) and a newer one that saves little (1 block). With a bonus far beyond the pool
+    (alpha 1,000: thousands of pages of extra lifetime against a pool of 64), capped at one
+    turnover of the pool the older goes first, as LRU; uncapped the newer would."""
+    def run(utility_cap: float):
+        p = Pool(num_blocks=64, alpha=1000.0, utility_cap=utility_cap)
+        states = {}
+        for rid, num_blocks, first in (("old", 8, 1), ("new", 1, 500)):
+            _, pages = p.chain(rid, num_blocks, [num_blocks - 1], first_token=first)
+            request = make_request(SimRequest(rid, list(range(first, first + num_blocks * BS + 1)), 1), BS)
+            request.num_computed_tokens = num_blocks * BS + 1
+            p.retention.request_released(request, use_eagle=False)  # ranked, no longer provisional
+            states[rid] = pages[num_blocks - 1]
+        p.drain_free()
+        p.pool.get_new_blocks(3)
+        assert p.evicted() == {"ranked_state": 3}
+        return cached(states["old"]), cached(states["new"])
+
+    assert run(utility_cap=1.0) == (False, True)
+    assert run(utility_cap=float("inf")) == (True, False)
 
 
 def test_decode_ends_beyond_their_share_go_before_ranked_states():

@@ -78,7 +78,7 @@ class StateRetention:
         self.plans = plans
         self.tiers = EvictionTiers(
             block_size, len(self.mamba_groups), len(self.attention_groups), settings.alpha,
-            settings.checkpoint_share, counters,
+            settings.checkpoint_share, counters, pool.num_gpu_blocks, settings.utility_cap,
         )
         self.tree = PrefixTree(self.tiers)
         # Victims moved to the front of the free queue: why, by block id (for the counters).

@@ -33,6 +33,7 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     exclusive_attention_blocks,
     settle_bet,
     state_utility,
+    utility_bonus_cap,
 )
 from vllm_lighter_mamba.v1.core.retention_tree import PrefixNode, chain_up, nearest_state_above
 
@@ -85,11 +86,14 @@ class EvictionTiers:
         alpha: float,
         checkpoint_share: float,
         counters: Any,
+        pool_pages: int,
+        utility_cap: float,
     ) -> None:
         self.block_size = block_size
         self.num_mamba_groups = num_mamba_groups
         self.num_attention_groups = num_attention_groups
         self.alpha = alpha
+        self.max_bonus = utility_bonus_cap(pool_pages, utility_cap)
         self.checkpoint_share = checkpoint_share
         self.counters = counters
         self.clear()
@@ -229,7 +233,7 @@ class EvictionTiers:
         self.seq += 1
         self.ranked_seq[node.key] = self.seq
         self.released[node.key] = released
-        score = eviction_score(released, self.utility(node), self.alpha)
+        score = eviction_score(released, self.utility(node), self.alpha, self.max_bonus)
         heapq.heappush(self.ranked, (score, self.seq, node.key, released))
         if len(self.ranked) > 2 * len(self.ranked_seq) + 64:
             # Drop superseded entries (a state released again, or gone).
@@ -296,7 +300,7 @@ class EvictionTiers:
                 self.ranked_seq.pop(block_hash, None)
                 self.released.pop(block_hash, None)
                 continue
-            current = eviction_score(released, self.utility(node), self.alpha)
+            current = eviction_score(released, self.utility(node), self.alpha, self.max_bonus)
             if current > score:
                 # Worth more now (a state below it or before it is gone): back in line.
                 # Scores only grow here, so each entry comes back at most once per call.
