@@ -3,24 +3,16 @@ a tiny replay through vLLM's scheduler whose chunks are worked out below."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from vllm_lighter_mamba.bench.sim import SimRequest, replay
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "benchmark_prefill_steps.py"
+from . import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_prefill_steps", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("benchmark_prefill_steps")
 
 
 def test_prefill_stats_counts_prompt_chunks_only(bench):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_serving.py"
-_spec = importlib.util.spec_from_file_location("benchmark_serving", SCRIPT)
-serving = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(serving)
+from . import load_benchmark
+
+serving = load_benchmark("benchmark_serving")
 
 
 def test_blocks_per_running_request_averages_busy_samples():

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_steps.py"
-_spec = importlib.util.spec_from_file_location("profile_steps", SCRIPT)
-profile_steps = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(profile_steps)
+from . import load_benchmark
+
+profile_steps = load_benchmark("profile_steps")
 
 
 def _trace(tmp_path: Path) -> Path:

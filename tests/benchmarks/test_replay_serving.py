@@ -5,23 +5,16 @@ utility buys is capped (``RetentionSettings.utility_cap``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "replay_serving.py"
+from . import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("replay_serving", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("replay_serving")
 
 
 def test_sequence_is_one_servers_order(bench, qwen3_next_dir):
