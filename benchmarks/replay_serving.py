@@ -12,10 +12,10 @@ Arrival times are approximate, so the replay reproduces which states the cache h
 timings. Take the pool and block size from the server's log ("num_gpu_blocks", "block size").
 Per workload, round and mode it prints the token hit rate and the prefill steps per request
 (engine steps that computed part of the request's prompt): on a model whose prefill step costs
-about the same at any length, TTFT follows the steps. Modes: bench.sim's, plus ``align:triton``
-(align where the GDN prefill runs on Triton, as on a host without FlashInfer or on the CPU:
-the chunk is cut at the prompt's last boundary instead of the state being written from inside
-the forward) and ``none`` (caching off).
+about the same at any length, TTFT follows the steps. Modes: those of
+``benchmark_prefill_steps.py``, e.g. ``none`` (caching off) and ``align:triton`` (align where
+the GDN prefill runs on Triton, as on a host without FlashInfer or on the CPU: the chunk is cut
+at the prompt's last boundary instead of the state being written from inside the forward).
 
     python benchmarks/replay_serving.py --model .tiny_models/qwen3_next-<version> \\
         --replay-modes align,lighter --replay-block-size 576 --replay-num-blocks 455 \\
@@ -32,29 +32,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import benchmark_prefill_steps  # noqa: E402
 import benchmark_serving  # noqa: E402
 
 from vllm_lighter_mamba.bench import serving_workloads  # noqa: E402
 
 WARMUP_SEED = 10_000  # benchmark_serving's warm-up pass
-TRITON_ALIGN = "align:triton"
-
-
-def prefill_steps(chunks: list[tuple[str, int, int, int]], prompt_lens: dict[str, int]) -> dict[str, int]:
-    """Per request, the scheduled chunks (``SimResult.chunks``: request, start, tokens, step) that
-    computed part of its prompt; a request has at most one chunk per step."""
-    steps = dict.fromkeys(prompt_lens, 0)
-    for request_id, start, _, _ in chunks:
-        if start < prompt_lens[request_id]:
-            steps[request_id] += 1
-    return steps
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.Namespace]:
     """(this script's options, ``benchmark_serving.py``'s workload options)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=True)
     p.add_argument("--replay-modes", default="align,lighter",
-                   help="bench.sim modes (none, align, align:triton, lighter, lighter:OPTIONS)")
+                   help="benchmark_prefill_steps.py modes (none, align, align:triton, lighter:OPTIONS)")
     p.add_argument("--replay-block-size", type=int, default=576)
     p.add_argument("--replay-num-blocks", type=int, default=455)
     p.add_argument("--replay-mamba-groups", type=int, default=3)
@@ -105,17 +95,17 @@ def main(argv: list[str] | None = None) -> None:
         step = max(steps, default=step) + ours.gap_steps
     rows = []
     for mode in ours.replay_modes.split(","):
-        # align:triton: the GDN prefill of a host without FlashInfer (no internal checkpoint).
-        checkpoints = {"prefill_checkpoints": False} if mode == TRITON_ALIGN else {}
+        sim_mode, options = benchmark_prefill_steps.parse_mode(mode)
         result = replay(
-            mode.removesuffix(":triton"), requests, args.model, overlap=True, async_scheduling=True,
+            sim_mode, requests, args.model, overlap=True, async_scheduling=True,
             block_size=ours.replay_block_size, num_blocks=ours.replay_num_blocks,
             num_mamba_groups=ours.replay_mamba_groups,
             max_num_batched_tokens=ours.replay_max_num_batched_tokens,
             max_num_seqs=ours.replay_max_num_seqs, max_model_len=ours.replay_max_model_len,
-            **checkpoints,
+            **options,
         )
-        steps = prefill_steps(result.chunks, {r.request_id: len(r.prompt_token_ids) for r in requests})
+        steps = {stats.request_id: stats.steps for stats in benchmark_prefill_steps.prefill_stats(
+            result.chunks, {r.request_id: len(r.prompt_token_ids) for r in requests}, {})}
         for name, round_, first, last in segments:
             chosen = requests[first:last]
             prompt = sum(len(r.prompt_token_ids) for r in chosen)

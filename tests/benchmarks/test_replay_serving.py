@@ -55,11 +55,6 @@ def test_after_a_change_of_workload_the_chats_keep_their_states(bench, qwen3_nex
     assert chat_hits("lighter:cap=1000000") < 0.5 * align
 
 
-def test_prefill_steps_count_the_chunks_that_computed_prompt_tokens(bench):
-    chunks = [("a", 0, 512, 1), ("b", 0, 100, 1), ("a", 512, 40, 2), ("a", 552, 1, 3), ("b", 100, 1, 2)]
-    assert bench.prefill_steps(chunks, {"a": 552, "b": 100, "c": 7}) == {"a": 2, "b": 1, "c": 0}
-
-
 def test_a_chat_turn_costs_caching_a_second_prefill_step_unless_the_state_is_written_inside(
     bench, qwen3_next_dir, tmp_path
 ):

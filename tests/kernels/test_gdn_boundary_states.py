@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm.utils.math_utils import cdiv
 
 from .conftest import requires_gpu
 
@@ -99,7 +100,7 @@ def fp32_states(seen: dict) -> torch.Tensor:
     n = cu.numel() - 1
 
     def grid(meta):
-        return (-(-V // meta["BV"]), n * H)
+        return (cdiv(V, meta["BV"]), n * H)
 
     chunk_delta_h.chunk_gated_delta_rule_fwd_kernel_h_blockdim64[grid](
         k=k, v=u, w=kw["w"], v_new=None, g=kw["g"], gk=None, h=h32, h0=kw["initial_state"], ht=None,
@@ -126,7 +127,7 @@ def test_every_chunk_start_state_equals_a_truncated_runs_final_state():
     offsets = index.prepare_chunk_offsets(cu, CHUNK).tolist()
     checked = 0
     for row, n in enumerate(LENGTHS):
-        for j in range(1, -(-n // CHUNK)):
+        for j in range(1, cdiv(n, CHUNK)):
             want = truncated_final(*batch, row=row, tokens=j * CHUNK)
             got_bf16, got_fp32 = h[offsets[row] + j], h32[offsets[row] + j]
             assert torch.equal(got_bf16, want.to(torch.bfloat16)), (row, j)
@@ -134,4 +135,4 @@ def test_every_chunk_start_state_equals_a_truncated_runs_final_state():
             # A state read one chunk early is not it (the test can see a wrong row).
             assert not torch.equal(h32[offsets[row] + j - 1], want), (row, j)
             checked += 1
-    assert checked == sum(-(-n // CHUNK) - 1 for n in LENGTHS) > 20
+    assert checked == sum(cdiv(n, CHUNK) - 1 for n in LENGTHS) > 20
