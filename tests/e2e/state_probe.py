@@ -148,6 +148,8 @@ def run(spec: dict) -> dict[str, Any]:
         "mode": spec["mode"],
         "plugin": vllm_lighter_mamba.__file__,
         "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+        # Where the lighter engine writes a prefill's last boundary state inside the forward.
+        "checkpoint_alignment": getattr(scheduler, "lighter_checkpoint_alignment", None),
         "requests": records,
     }
 

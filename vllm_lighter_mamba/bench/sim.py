@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_lighter_mamba.config import COLD_CHECKPOINTS_KEY, CONFIG_KEY, SETTINGS_KEY
+from vllm_lighter_mamba.config import COLD_CHECKPOINTS_KEY, CONFIG_KEY, INTERNAL_CHECKPOINTS_KEY, SETTINGS_KEY
 
 MODES = ("none", "align", "lighter")
 
@@ -41,7 +41,9 @@ def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
     (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, ``cap=Z``, comma-separated) with
     other settings (``RetentionSettings``); ``ckpt=1/2/4`` (or ``ckpt=none``) sets the cold-prompt
     checkpoint distances in blocks (``config.COLD_CHECKPOINTS_KEY``), also beside ``off``
-    (``lighter:off,ckpt=1/2/4``)."""
+    (``lighter:off,ckpt=1/2/4``); ``cut`` keeps a chunk end at a prefill's last cache position
+    where the workers could write that state inside the forward (``config.INTERNAL_CHECKPOINTS_KEY``
+    false; served modes only: the replay's lighter cuts unless ``prefill_checkpoints``)."""
     base, _, option = mode.partition(":")
     if base not in MODES or (option and base != "lighter"):
         expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y,cap=Z,ckpt=1/2/4"))
@@ -54,13 +56,16 @@ def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
         if item == "off":
             settings.append(("retention", "off"))
             continue
+        if item == "cut":
+            settings.append(("internal_checkpoints", False))
+            continue
         name, _, value = item.partition("=")
         if name == "ckpt":
             distances = () if value == "none" else tuple(int(d) for d in value.split("/"))
             settings.append(("cold_checkpoints", distances))
             continue
         if name not in names:
-            raise ValueError(f"unknown mode option {item!r} (off, alpha=X, share=Y, cap=Z, ckpt=1/2/4)")
+            raise ValueError(f"unknown mode option {item!r} (off, cut, alpha=X, share=Y, cap=Z, ckpt=1/2/4)")
         settings.append((names[name], float(value)))
     if ("retention", "off") in settings and any(name in names.values() for name, _ in settings):
         raise ValueError(f"mode {mode!r}: off takes no retention settings")
@@ -75,6 +80,8 @@ def lighter_options_config(options: LighterOptions | None) -> dict:
     config: dict = {}
     if "cold_checkpoints" in settings:
         config[COLD_CHECKPOINTS_KEY] = list(settings.pop("cold_checkpoints"))
+    if "internal_checkpoints" in settings:
+        config[INTERNAL_CHECKPOINTS_KEY] = settings.pop("internal_checkpoints")
     if settings.pop("retention", None) == "off":
         config[SETTINGS_KEY] = "off"
     if settings:
@@ -329,7 +336,10 @@ def make_scheduler(
     sets them (``replay(speculation=...)`` passes its own). ``hash_after_output``: see
     :func:`hash_after_each_output`.
 
-    ``align`` only: ``prefill_checkpoints`` (default: on where the installed vLLM has them)
+    ``lighter``: ``prefill_checkpoints=True`` writes the last boundary state of a prefill inside
+    the forward, as the workers do on a CUDA GPU with the Triton GDN prefill and no drafts
+    (:func:`lighter_checkpoint_fields`); unset or False, as on the CPU, a chunk ends there.
+    ``align``: ``prefill_checkpoints`` (default: on where the installed vLLM has them)
     gives the Mamba groups align's internal prefill checkpoint (the prompt's last block
     boundary written from inside its last chunk, so that chunk is not cut there), as vLLM's
     GDN layers declare it on a CUDA GPU where the GDN prefill runs on FlashInfer: vLLM's
@@ -381,7 +391,9 @@ def make_scheduler(
         mamba_cache_mode=vllm_config.cache_config.mamba_cache_mode,
         num_speculative_blocks=num_speculative_blocks,
         **(align_checkpoint_fields(block_size, prefix_match_unit, prefill_checkpoints)
-           if mode == "align" else {}),
+           if mode == "align" else
+           lighter_checkpoint_fields(block_size, prefill_checkpoints, num_speculative_blocks, use_eagle)
+           if mode == "lighter" else {}),
     )
     attention_spec = FullAttentionSpec(
         block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
@@ -446,6 +458,24 @@ def align_checkpoint_fields(
 
         grid = math.lcm(prefix_match_unit, GDN_CHECKPOINT_ALIGNMENT)
     return {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": grid}
+
+
+def lighter_checkpoint_fields(
+    block_size: int,
+    prefill_checkpoints: bool | None,
+    num_speculative_blocks: int = 0,
+    use_eagle: bool = False,
+) -> dict:
+    """The lighter spec's field where its workers write a prefill's last boundary state inside
+    the forward (``model_executor/layers/mamba/checkpoint.checkpoint_alignment``: FLA's 64-token
+    grid on a CUDA GPU with the Triton GDN prefill, without drafts), or none. Blocks finer than
+    64 tokens (the sim's small ones) get their own size: every block-aligned checkpoint
+    qualifies, as every one does on the GPU where the block is a multiple of 64."""
+    import math
+
+    if not prefill_checkpoints or num_speculative_blocks or use_eagle:
+        return {}
+    return {"prefill_checkpoint_alignment": math.gcd(block_size, GDN_CHECKPOINT_ALIGNMENT)}
 
 
 def hash_after_each_output(scheduler) -> None:

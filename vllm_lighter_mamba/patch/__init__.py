@@ -29,18 +29,25 @@ Config (front end)
 
 ``patch_platform`` -> ``vllm.platforms.interface.Platform._align_hybrid_block_size``
     What: once the block size is final, the Mamba block size equals it (the only writer)
-    and the token budget (and long-prefill threshold) must cover one block.
+    and the token budget (and long-prefill threshold) must cover one block; where the GDN
+    layers will write states inside the forward (``checkpoint.may_write_checkpoints``), the
+    block size upstream starts from is first rounded up to FLA's 64-token grid.
     Why: upstream does this only for "align"; the block size depends on the attention
-    backend and is final only in the worker.
-    How: wrapped (upstream runs first).
+    backend and is final only in the worker; a checkpoint is written inside a chunk only at a
+    64-token offset from its start (upstream lcm's align's block with the same grid).
+    How: wrapped (the rounding before upstream, the rest after).
     Upstream: block-size alignment keyed on the spec rather than the cache mode.
 
 Workers (KV-cache spec)
 -----------------------
 ``patch_mamba_abstract`` -> ``vllm.model_executor.layers.mamba.abstract.MambaBase.get_kv_cache_spec``
     What: ``LighterMambaSpec`` (a ``MambaSpec`` subclass sizing rows and budgets for our
-    layout) instead of ``MambaSpec`` while active.
-    Why: the spec reaches the engine core and every builder; its type carries the switch.
+    layout) instead of ``MambaSpec`` while active; where the layer writes boundary states
+    inside its forward (``model_executor/layers/mamba/checkpoint.checkpoint_alignment``), vLLM's
+    ``prefill_checkpoint_alignment`` set on it.
+    Why: the spec reaches the engine core and every builder; its type carries the switch, and
+    the alignment tells the scheduler and the manager that a prefill's last state needs no
+    chunk end.
     How: wrapped.
     Upstream: a spec factory hook for Mamba layers (none in 0.32).
 
@@ -113,6 +120,29 @@ constructors of those modules' metadata builders
     Upstream: dispatch on the spec in ``mamba_get_block_table_tensor`` and in
     ``update_block_table``; GDN metadata that keeps ``seq_lens``.
 
+``patch_qwen_gdn_linear_attn`` -> ``vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn``
+``.QwenGatedDeltaNetAttention._forward_core``
+    What: on a step whose GDN metadata carries internal checkpoints (set by the GDN builder's
+    ``build`` / ``update_block_table`` wrappers of ``patch_attention_backends``), the layer's
+    raw input, conv and SSM caches are set aside for the export around the original call; a
+    prefill that never reached FLA's kernel is an error (its reserved blocks stay unwritten).
+    Why: the state at a prefill's last cache position is written inside the chunk instead of
+    cutting the chunk there: one prefill step per chat turn instead of two (docs/benchmarks.md).
+    How: wrapped (upstream runs inside; no plan: upstream alone).
+    Upstream: 0.34 does this only for FlashInfer under align (``_forward_flashinfer_prefill``);
+    an exporter hook on the Triton path would make it removable.
+
+``patch_fla_chunk`` -> ``chunk_gated_delta_rule_fwd_h`` as looked up by
+``vllm.third_party.flash_linear_attention.ops.chunk``
+    What: once FLA has computed ``h`` (the state before every 64-token chunk of every row), the
+    pending export of the running layer stores each checkpoint's ``h`` row and conv window into
+    its block with vLLM's ``MambaPrefillCheckpointExporter``.
+    Why: ``h`` is a local of ``chunk_gated_delta_rule_fwd``; nothing above it sees it.
+    How: the module-level name is rebound (``chunk_gated_delta_rule_fwd`` looks it up per call);
+    the original runs first; callers without a pending export pass through.
+    Upstream: FLA returning ``h`` to its caller (it does only under
+    ``GDN_RECOMPUTE_SUPPRESS_LEVEL>=3``, and the autograd function drops it).
+
 ``patch_gpu_model_runner`` -> ``vllm.v1.worker.gpu_model_runner.GPUModelRunner._prepare_inputs``,
 ``._update_states_after_model_execute`` and ``.initialize_kv_cache``
     What: after inputs are prepared, copy each moving request's state into its new block
@@ -148,12 +178,14 @@ from vllm_lighter_mamba.patch import (
     patch_attention_backends,
     patch_block_pool,
     patch_engine_core,
+    patch_fla_chunk,
     patch_gpu_model_runner,
     patch_kv_cache_spec_registry,
     patch_mamba_abstract,
     patch_mamba_hybrid,
     patch_model_config,
     patch_platform,
+    patch_qwen_gdn_linear_attn,
     patch_scheduler_config,
 )
 
@@ -170,6 +202,8 @@ PATCH_MODULES = (
     patch_attention_backends,
     patch_gpu_model_runner,
     patch_mamba_hybrid,
+    patch_qwen_gdn_linear_attn,
+    patch_fla_chunk,
 )
 
 

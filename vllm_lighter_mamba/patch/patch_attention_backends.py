@@ -19,7 +19,9 @@ import importlib
 import inspect
 from typing import Any
 
+from vllm_lighter_mamba.model_executor.layers.mamba.checkpoint import CheckpointPlan, plan_checkpoints
 from vllm_lighter_mamba.patch._util import original, replace_attr
+from vllm_lighter_mamba.patch.patch_qwen_gdn_linear_attn import PLAN_ATTR
 from vllm_lighter_mamba.v1.attention.backends.utils import lighter_mamba_block_table_tensor
 from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
 
@@ -82,9 +84,28 @@ def _wrap_build(build: Any) -> Any:
         metadata = build(self, common_prefix_len, common_attn_metadata, *args, **kwargs)
         if _ours(self):
             setattr(metadata, SEQ_LENS_ATTR, common_attn_metadata.seq_lens)
+            setattr(metadata, PLAN_ATTR, _checkpoint_plan(self.kv_cache_spec, metadata, common_attn_metadata))
         return metadata
 
     return build_wrapper
+
+
+def _checkpoint_plan(spec: LighterMambaSpec, metadata: Any, m: Any) -> CheckpointPlan | None:
+    """The step's internal checkpoints (``model_executor/layers/mamba/checkpoint.py``), where
+    this group's layers write them: prefill rows, no drafts (the spec says so: the workers set
+    the alignment only without them)."""
+    alignment = spec.prefill_checkpoint_alignment
+    if alignment is None or metadata.num_prefills == 0 or metadata.spec_sequence_masks is not None:
+        return None
+    # Host copies vLLM's builders read too (no device read); a row in prefill is exact there.
+    seq_lens = m.seq_lens_cpu_upper_bound
+    if seq_lens is None:  # blocks reserved for checkpoints would stay unwritten: never guess
+        raise RuntimeError("lighter Mamba cache: GDN metadata without host seq_lens for checkpoints")
+    plan = plan_checkpoints(
+        m.query_start_loc_cpu.tolist(), seq_lens.tolist(), metadata.num_decodes,
+        metadata.num_prefills, spec.block_size, alignment,
+    )
+    return CheckpointPlan.build(plan, m.block_table_tensor)
 
 
 def _wrap_update_block_table(update: Any) -> Any:
@@ -101,6 +122,8 @@ def _wrap_update_block_table(update: Any) -> Any:
             blk_table, seq_lens, self.kv_cache_spec, self.vllm_config.cache_config.mamba_cache_mode)
         updated = update(self, metadata, indices, slot_mapping)
         setattr(updated, SEQ_LENS_ATTR, seq_lens)
+        plan = getattr(metadata, PLAN_ATTR, None)
+        setattr(updated, PLAN_ATTR, plan.regather(blk_table) if plan is not None else None)
         return updated
 
     return update_block_table

@@ -29,17 +29,23 @@ class LighterMambaSpec(MambaSpec):
 
     def max_memory_usage_bytes(self, vllm_config: Any) -> int:
         return self.page_size_bytes * resident_blocks_per_request(
-            self.num_speculative_blocks, vllm_config.scheduler_config.async_scheduling
+            self.num_speculative_blocks,
+            vllm_config.scheduler_config.async_scheduling,
+            internal_checkpoint=self.prefill_checkpoint_alignment is not None,
         )
 
 
-def resident_blocks_per_request(num_speculative_blocks: int, async_scheduling: bool) -> int:
+def resident_blocks_per_request(
+    num_speculative_blocks: int, async_scheduling: bool, internal_checkpoint: bool = False
+) -> int:
     """State blocks one request holds at most (``LighterMambaManager``'s layout).
 
     The running block(s), plus the previous running block: this step's copy source (or the
     prefix hit), freed once the processed-token count has moved past it. Under async
     scheduling the step before is still in flight when the next one is allocated, and its
     copy reads the block before that, so one more is held. vLLM's align mode budgets
-    ``2 + spec`` in both cases (``MambaSpec.max_memory_usage_bytes``).
+    ``2 + spec`` in both cases (``MambaSpec.max_memory_usage_bytes``), plus its checkpoint blocks.
+    Where the forward writes the last boundary state of a prefill inside its chunk
+    (``internal_checkpoint``), that chunk holds one more block, the checkpoint's.
     """
-    return 2 + num_speculative_blocks + (1 if async_scheduling else 0)
+    return 2 + num_speculative_blocks + int(async_scheduling) + int(internal_checkpoint)

@@ -17,19 +17,30 @@ token ``t`` into column ``t``, drafts included; once the step's output is proces
 (``after_output``), the accepted states move as ``ops/spec_settle.py`` says, and then every
 block the manager has hashed must hold the state of exactly its boundary's token prefix.
 A state is then ``(request, length, drafts)``: its last ``len(drafts)`` tokens were drafts.
+
+Internal checkpoints (``checkpoint_alignment``, the spec's ``prefill_checkpoint_alignment``):
+the worker also writes, inside a row's forward, the state at the offset its plan names
+(``plan_checkpoints``, the worker's own function) into the block its table holds at the plan's
+column, unless that entry is the null block; the manager must have put there exactly the block
+that gets hashed for that boundary.
 """
 
 from __future__ import annotations
 
 import torch
 
+from vllm_lighter_mamba.model_executor.layers.mamba.checkpoint import plan_checkpoints
 from vllm_lighter_mamba.ops.spec_settle import settle_moves
 from vllm_lighter_mamba.ops.state_indices import state_indices_torch
 
 
 class ShadowWorker:
-    def __init__(self, group_id: int, block_size: int, num_spec: int = 0) -> None:
+    def __init__(
+        self, group_id: int, block_size: int, num_spec: int = 0, checkpoint_alignment: int | None = None
+    ) -> None:
         self.group_id = group_id
+        self.checkpoint_alignment = checkpoint_alignment
+        self.num_checkpoints = 0
         self.block_size = block_size
         self.num_spec = num_spec
         self.tables: dict[str, list[int]] = {}
@@ -96,6 +107,7 @@ class ShadowWorker:
                 assert index not in written, f"{rid}: block {index} is another request's state"
                 written.add(index)
                 self.content[index] = (rid, computed + n, ())
+                self._write_checkpoint(rid, computed, n, written)
                 continue
             columns = [int(c) for c in plan.state_indices[0, :n]]
             for t, column in enumerate(columns):
@@ -104,6 +116,26 @@ class ShadowWorker:
                 self.content[column] = (rid, computed + 1 + t, tuple(drafts[:t]))
             self.spec_rows[rid] = (computed, n, list(self.tables[rid]))
         self.step_index += 1
+
+    def _write_checkpoint(self, rid: str, computed: int, n: int, written: set[int]) -> None:
+        """The worker's internal checkpoint of this row, if its plan has one and the block
+        table holds a block there (a row alone: a decode row or one prefill row)."""
+        if self.checkpoint_alignment is None:
+            return
+        decode = int(n == 1 and computed > 0)
+        plan = plan_checkpoints([0, n], [computed + n], decode, 1 - decode, self.block_size,
+                                self.checkpoint_alignment, chunk=self.checkpoint_alignment)
+        if not plan.rows:
+            return
+        col, offset = plan.cols[0], plan.offsets[0]
+        table = self.tables[rid]
+        block = table[col] if col < len(table) else 0
+        if block == 0:
+            return  # the manager kept no block there (a chunk that does not reach the prefill end)
+        assert block not in written, f"{rid}: checkpoint block {block} is another request's state"
+        written.add(block)
+        self.content[block] = (rid, computed + offset, ())
+        self.num_checkpoints += 1
 
     def tokens(self, state: tuple[str, int, tuple[int, ...]], requests: dict) -> list[int]:
         writer, length, drafts = state
@@ -146,12 +178,18 @@ class ShadowWorker:
 
 def replay_with_shadow(requests, model_dir: str, mode: str = "lighter", **kwargs):
     """``replay(mode, ...)`` (a lighter mode) with a shadow worker; every read verified at the end."""
-    from vllm_lighter_mamba.bench.sim import replay
+    from vllm_lighter_mamba.bench.sim import lighter_checkpoint_fields, replay
 
+    block_size = kwargs.get("block_size", 16)
+    alignment = lighter_checkpoint_fields(
+        block_size, kwargs.get("prefill_checkpoints"), kwargs.get("num_speculative_blocks", 0),
+        kwargs.get("use_eagle", False),
+    ).get("prefill_checkpoint_alignment")
     shadow = ShadowWorker(
         group_id=1,
-        block_size=kwargs.get("block_size", 16),
+        block_size=block_size,
         num_spec=kwargs.get("num_speculative_blocks", 0),
+        checkpoint_alignment=alignment,
     )
     observers = [*kwargs.pop("observers", ()), shadow]
     after = [*kwargs.pop("after_output", ()), shadow.after_output]

@@ -81,3 +81,20 @@ def test_property_hits_never_below_align(qwen3_next_dir, trace):
     ours = replay("lighter", requests, qwen3_next_dir, max_steps=50_000, **run, **kwargs)
     assert ours.cached_tokens >= align.cached_tokens, (align.cached_per_request, ours.cached_per_request)
     assert ours.outputs == align.outputs
+
+
+@settings(SETTINGS, max_examples=max(NUM_TRACES // 2, 1))
+@given(trace=traces())
+def test_property_integrity_with_internal_checkpoints(qwen3_next_dir, trace):
+    """The same traces where the workers write a prefill's last boundary state inside the forward
+    (as on a CUDA GPU with the Triton GDN prefill): the shadow worker writes what the worker's plan
+    says into the block its table holds there, so a block the manager hashed but the forward
+    never wrote, or a write into a block that holds another state, fails a read or the check of
+    every hashed block; the pool keeps its count."""
+    requests, kwargs, run = trace
+    result = replay_with_shadow(requests, qwen3_next_dir, check=check_every_step, max_steps=50_000,
+                                prefill_checkpoints=True, **run, **kwargs)
+    check_all_returned(result.scheduler)
+    for r in requests:
+        if r.abort_at_step is None:
+            assert len(result.outputs[r.request_id]) == r.max_tokens

@@ -7,7 +7,12 @@ positions hold a real block at any time; every other one is vLLM's null block:
 - the prefix-cache hit (the state at the hit boundary), until the first chunk has copied it;
 - the running state at ``cdiv(num_tokens, block_size) - 1`` plus ``num_speculative_blocks``;
 - the previous running block, which is this step's copy source: freed once the
-  processed-token count (which excludes in-flight steps) has moved past it.
+  processed-token count (which excludes in-flight steps) has moved past it;
+- where the forward can write a state inside a chunk (the spec's
+  ``prefill_checkpoint_alignment``), the last cache position of the chunk that reaches the
+  prefill end (its internal checkpoint, ``policy.internal_checkpoint``): a fresh block instead
+  of a null one, hashed when the chunk is scheduled like any filled position and freed as
+  cached once the chunk is processed.
 
 A block is hashed (cached) by vLLM's ``cache_full_blocks`` when its position fills, and it
 then holds the exact boundary state, because the scheduler ends prefill chunks on block
@@ -37,6 +42,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 from vllm_lighter_mamba.v1.core.retention_guard import with_retention
+from vllm_lighter_mamba.v1.core.sched.policy import internal_checkpoint
 from vllm_lighter_mamba.v1.metrics.counters import engine_counters
 
 _PRIMARY = "_lighter_mamba_primary_group"
@@ -123,6 +129,9 @@ class LighterMambaManager(MambaManager):
         self.states: dict[str, RequestState] = {}
         # Prefix-cache hits not yet told to the retention policy: request id -> (hash, tokens).
         self._hits: dict[str, tuple[Any, int]] = {}
+        # The position of the block the forward writes inside the step being allocated
+        # (decided where vLLM passes the chunk's prefill end, used by the allocation after it).
+        self._checkpoint_positions: dict[str, int] = {}
         claim_primary_group(self.block_pool, self.kv_cache_group_id)
 
     # --- caching (vLLM's logic; counted for the metrics) ------------------------------
@@ -222,8 +231,6 @@ class LighterMambaManager(MambaManager):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        # ``prefill_end`` places align's internal prefill checkpoint; we reserve none (a
-        # state lives in the block of its boundary).
         if (
             len(new_computed_blocks) > 0
             and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
@@ -235,6 +242,8 @@ class LighterMambaManager(MambaManager):
         first = running_position(num_tokens_main_model, self.block_size)
         state = self.states.get(request_id)
         if state is not None and state.running_pos == first and not new_computed_blocks:
+            if self._checkpoint_positions and not apply_admission_cap:
+                self._checkpoint_positions.pop(request_id, None)
             return 0  # the common decode step: still inside the running block
         blocks = self.req_to_blocks.get(request_id, [])
         num_held = len(blocks) + len(new_computed_blocks)
@@ -242,7 +251,22 @@ class LighterMambaManager(MambaManager):
             num_held, num_tokens_main_model, self.block_size, self.num_speculative_blocks
         )
         num_reusable = len(self._reusable_spec_positions(request_id, blocks, first))
-        return max(len(positions) - num_reusable, 0) + self._get_num_evictable_blocks(new_computed_blocks)
+        checkpoint = self._checkpoint_position(total_computed_tokens, num_tokens_main_model, prefill_end)
+        if not apply_admission_cap:  # (that call sizes the whole request, not this step)
+            self._checkpoint_positions[request_id] = checkpoint
+        return (
+            max(len(positions) - num_reusable, 0)
+            + int(checkpoint >= 0)
+            + self._get_num_evictable_blocks(new_computed_blocks)
+        )
+
+    def _checkpoint_position(self, start: int, end: int, prefill_end: int) -> int:
+        """The position of the block the forward writes inside the chunk ``[start, end)``
+        (``policy.internal_checkpoint``, the rule the scheduler and the worker ask), or -1."""
+        boundary = internal_checkpoint(
+            start, end, prefill_end, self.block_size, self.kv_cache_spec.prefill_checkpoint_alignment
+        )
+        return boundary // self.block_size - 1 if boundary else -1
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int
@@ -268,9 +292,16 @@ class LighterMambaManager(MambaManager):
         )
         if len(positions) == 0:
             return []
-        num_fresh = max(len(positions) - len(reusable), 0)
+        checkpoint = self._checkpoint_positions.pop(request_id, -1)
+        # The worker writes every checkpoint position whose entry is not null; every position
+        # of this chunk is appended now (a chunk with a checkpoint starts on a block boundary
+        # and has no speculative blocks), so a null entry can only be this step's padding.
+        assert checkpoint < 0 or num_held <= checkpoint < positions.start, (checkpoint, num_held)
+        num_fresh = max(len(positions) - len(reusable), 0) + int(checkpoint >= 0)
         fresh = self.block_pool.get_new_blocks(num_fresh) if num_fresh else []
         blocks.extend([self._null_block] * (positions.start - num_held))
+        if checkpoint >= 0:
+            blocks[checkpoint] = fresh.pop()
         for _ in positions:
             if reusable:
                 source = reusable.pop(0)
@@ -340,6 +371,7 @@ class LighterMambaManager(MambaManager):
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self._hits.pop(request_id, None)
+        self._checkpoint_positions.pop(request_id, None)
         state = self.states.pop(request_id, None)
         primary = primary_group(self.block_pool) == self.kv_cache_group_id
         if state is not None and state.request is not None and primary:

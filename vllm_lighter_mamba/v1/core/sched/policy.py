@@ -15,7 +15,10 @@ a superset of align's states.
 
 from __future__ import annotations
 
-from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position
+from vllm.v1.kv_cache_interface import (
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+)
 
 # A prompt that found nothing in the cache ("cold") may also leave states a few blocks
 # before its last cache position (its checkpoints). Its last state covers its own unique tail
@@ -57,6 +60,31 @@ def checkpoint_positions(last_position: int, block_size: int, distances: tuple[i
     return [last_position - d * block_size for d in distances if last_position - d * block_size > 0]
 
 
+def internal_checkpoint(
+    start: int, end: int, prefill_end: int, block_size: int, alignment: int | None
+) -> int:
+    """The block boundary whose state the forward writes *inside* the chunk ``[start, end)``
+    (an internal prefill checkpoint), or 0 for none.
+
+    Where the model's prefill kernel can export the state at an interior point on a grid of
+    ``alignment`` tokens from each row's start (``prefill_checkpoint_alignment`` on the Mamba
+    groups' spec; None where it cannot), the chunk that reaches the prefill end does not have to
+    stop at the last cache position: the forward writes that state into its block. The point is
+    vLLM's (``get_mamba_prefill_checkpoint_position`` of the chunk's end, the deepest boundary a
+    resend of the same tokens can hit) and so is the validity rule
+    (``is_mamba_prefill_checkpoint_valid``, with the whole block as the hash grid: we hit whole
+    blocks only). The block manager and the worker each ask this one rule, with the same chunk,
+    so a block reserved for a checkpoint is always the one the forward writes; the scheduler
+    drops its stop at the last cache position by vLLM's split's own test (:func:`align_chunk_end`),
+    which holds only where this one does.
+    """
+    if alignment is None or end < prefill_end:
+        return 0
+    position = get_mamba_prefill_checkpoint_position(end, block_size, False)
+    valid = is_mamba_prefill_checkpoint_valid(start, end, position, block_size, block_size, alignment)
+    return position if valid else 0
+
+
 def in_prefill(start: int, num_prompt_tokens: int, num_tokens: int) -> bool:
     """Whether a chunk starting at ``start`` still computes the prompt (or, for a resumed
     request, replays its outputs); decode steps are never clipped."""
@@ -71,6 +99,7 @@ def align_chunk_end(
     block_size: int,
     use_eagle: bool = False,
     shared_prefix_boundary: int = 0,
+    checkpoint_alignment: int | None = None,
 ) -> int:
     """Where vLLM's align mode ends a prefill chunk ``[start, start + num_new_tokens)``.
 
@@ -87,15 +116,29 @@ def align_chunk_end(
       ``get_mamba_prefill_checkpoint_position``, the deepest boundary a resend of the same
       tokens can hit (one token is always recomputed; EAGLE/MTP drop one more block);
     - it stops at the block-floored ``shared_prefix_boundary`` (where this prompt stops
-      sharing a cached prefix with another request's, as vLLM's KV-cache manager reports it).
+      sharing a cached prefix with another request's, as vLLM's KV-cache manager reports it);
+    - except that a chunk reaching the prefill end does not stop at the last cache position
+      when the forward writes that state inside (:func:`internal_checkpoint`, with the
+      model's ``checkpoint_alignment``), as align's own split does for its internal checkpoint.
     """
     end = start + num_new_tokens
-    if end < max(num_prompt_tokens, num_tokens - 1):
+    prefill_end = max(num_prompt_tokens, num_tokens - 1)
+    if end < prefill_end:
         end = end // block_size * block_size
     next_boundary = (start // block_size + 1) * block_size
+    last_position = get_mamba_prefill_checkpoint_position(num_tokens, block_size, use_eagle)
+    if checkpoint_alignment is not None and end >= prefill_end and is_mamba_prefill_checkpoint_valid(
+        start, end, get_mamba_prefill_checkpoint_position(prefill_end, block_size, use_eagle),
+        block_size, block_size, checkpoint_alignment,
+    ):
+        # vLLM's own test (its split with align's internal checkpoint). The state the chunk
+        # then writes inside is at :func:`internal_checkpoint` (of the chunk's end, as the
+        # worker places it); it differs only for a resumed request whose chunk runs one token
+        # past a block-aligned prefill end, and is then that end, this stop.
+        last_position = 0
     stops = (
         next_boundary if start % block_size != 0 else 0,
-        get_mamba_prefill_checkpoint_position(num_tokens, block_size, use_eagle),
+        last_position,
         start + (shared_prefix_boundary - start) // block_size * block_size
         if start < shared_prefix_boundary < end
         else 0,
@@ -113,6 +156,7 @@ def block_aligned_chunk_len(
     use_eagle: bool = False,
     shared_prefix_boundary: int = 0,
     stops: tuple[int, ...] = (),
+    checkpoint_alignment: int | None = None,
 ) -> tuple[int, int | None]:
     """A chunk starting at ``start``, clipped so its end is cacheable: (tokens, owed end).
 
@@ -126,7 +170,8 @@ def block_aligned_chunk_len(
     if num_new_tokens <= 0 or not in_prefill(start, num_prompt_tokens, num_tokens):
         return num_new_tokens, None
     align_end = align_chunk_end(
-        start, num_new_tokens, num_prompt_tokens, num_tokens, block_size, use_eagle, shared_prefix_boundary
+        start, num_new_tokens, num_prompt_tokens, num_tokens, block_size, use_eagle, shared_prefix_boundary,
+        checkpoint_alignment,
     )
     end = min((s for s in stops if start < s < align_end), default=align_end)
     # Only a block boundary is owed: past the last cache position align's end is wherever the

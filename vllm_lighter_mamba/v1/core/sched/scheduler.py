@@ -52,11 +52,17 @@ class LighterMambaSchedulerMixin:
             # Sub-block (fine-grained) hits are align mode's; we hit whole blocks only.
             self.mamba_partial_cache_hit = False
             self.lighter_block_size: int = self._lighter_block_size()
+            self.lighter_checkpoint_alignment: int | None = self._lighter_checkpoint_alignment()
             self.lighter_cold_checkpoints: tuple[int, ...] = cold_checkpoints(self.vllm_config)
             # The block size is final only here (the KV-cache groups' page alignment can raise
             # it past what the workers' platform hook saw): check the budgets against it.
             check_block_size(self.vllm_config, self.lighter_block_size)
             logger.info("lighter Mamba cache: block size %d tokens", self.lighter_block_size)
+            logger.info(
+                "lighter Mamba cache: last boundary state of a prefill %s",
+                "written inside the forward (internal checkpoint)"
+                if self.lighter_checkpoint_alignment else "left by a chunk end",
+            )
             self.lighter_counters = engine_counters(self.kv_cache_manager.block_pool)
             self._install_retention()
 
@@ -74,6 +80,19 @@ class LighterMambaSchedulerMixin:
             if isinstance(g.kv_cache_spec, LighterMambaSpec)
         }
         return sizes.pop() if len(sizes) == 1 else self.block_size
+
+    def _lighter_checkpoint_alignment(self) -> int | None:
+        """The grid on which the forward can write a boundary state inside a chunk, if every
+        Mamba group's layers can (the workers decide it per layer: ``LighterMambaSpec``'s
+        ``prefill_checkpoint_alignment``); None keeps a chunk end at every state we keep."""
+        from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
+
+        alignments = {
+            g.kv_cache_spec.prefill_checkpoint_alignment
+            for g in self.kv_cache_config.kv_cache_groups
+            if isinstance(g.kv_cache_spec, LighterMambaSpec)
+        }
+        return alignments.pop() if len(alignments) == 1 else None
 
     def _install_retention(self) -> None:
         """The state retention policy on this engine's block pool (``block_pool_retention``),
@@ -163,6 +182,7 @@ class LighterMambaSchedulerMixin:
             use_eagle=use_eagle,
             shared_prefix_boundary=request.shared_prefix_boundary,
             stops=stops,
+            checkpoint_alignment=self.lighter_checkpoint_alignment,
         )
         if owed is not None:  # (only a stop cuts a chunk short: the request has a plan)
             plan = self.lighter_plans.get(request.request_id)
