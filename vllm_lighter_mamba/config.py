@@ -50,12 +50,12 @@ DEFAULT_CHECKPOINT_SHARE = 0.5
 # TTFT p90 (docs/benchmarks.md); they stay opt-in until boundary states are written inside the
 # forward, which makes them free.
 COLD_CHECKPOINTS_KEY = "lighter_mamba_cold_checkpoints"
+DEFAULT_COLD_CHECKPOINTS: tuple[int, ...] = ()
 
 # ``additional_config`` key: false keeps a chunk end at a prefill's last cache position even where
 # the forward could write that state inside the chunk (``model_executor/layers/mamba/checkpoint.py``;
 # default true). For measuring what the internal checkpoint is worth.
 INTERNAL_CHECKPOINTS_KEY = "lighter_mamba_internal_checkpoints"
-DEFAULT_COLD_CHECKPOINTS: tuple[int, ...] = ()
 
 
 def parse_cold_checkpoints(value: Any) -> tuple[int, ...]:

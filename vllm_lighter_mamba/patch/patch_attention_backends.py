@@ -19,9 +19,12 @@ import importlib
 import inspect
 from typing import Any
 
-from vllm_lighter_mamba.model_executor.layers.mamba.checkpoint import CheckpointPlan, plan_checkpoints
+from vllm_lighter_mamba.model_executor.layers.mamba.checkpoint import (
+    PLAN_ATTR,
+    CheckpointPlan,
+    plan_checkpoints,
+)
 from vllm_lighter_mamba.patch._util import original, replace_attr
-from vllm_lighter_mamba.patch.patch_qwen_gdn_linear_attn import PLAN_ATTR
 from vllm_lighter_mamba.v1.attention.backends.utils import lighter_mamba_block_table_tensor
 from vllm_lighter_mamba.v1.kv_cache_interface import LighterMambaSpec
 

@@ -8,12 +8,8 @@ from typing import Any
 
 from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as upstream
 
-from vllm_lighter_mamba.model_executor.layers.mamba.checkpoint import PENDING, PendingExport
+from vllm_lighter_mamba.model_executor.layers.mamba.checkpoint import PENDING, PLAN_ATTR, PendingExport
 from vllm_lighter_mamba.patch._util import original, replace_attr
-
-# Set by the GDN builder wrapper (``patch_attention_backends``) on the metadata of a step with
-# checkpoints: a ``CheckpointPlan`` with this group's block ids.
-PLAN_ATTR = "lighter_mamba_checkpoints"
 
 
 def _wrap_forward_core(forward_core: Any) -> Any:

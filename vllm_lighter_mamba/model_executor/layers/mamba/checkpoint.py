@@ -161,6 +161,12 @@ class PendingExport:
         self.done = True
 
 
+# Set by the GDN builder wrapper (``patch_attention_backends``) on the metadata of a step with
+# checkpoints, read by the layer's ``_forward_core`` wrapper: a ``CheckpointPlan`` with this
+# group's block ids.
+PLAN_ATTR = "lighter_mamba_checkpoints"
+
+
 # The export of the layer whose ``_forward_core`` is running (its prefill runs eagerly: the GDN
 # core is a splitting op of vLLM's compiled graph).
 PENDING: contextvars.ContextVar[PendingExport | None] = contextvars.ContextVar(
@@ -179,35 +185,31 @@ def export_pending(h: Any) -> None:
 def checkpoint_alignment(layer: Any, vllm_config: Any, ssm_dtype: torch.dtype) -> int | None:
     """The grid on which this layer writes boundary states inside its forward, or None.
 
-    Only where the state written is exactly what a chunk end would leave: a Qwen GDN layer of
-    upstream's forward (a subclass with its own ``_forward_core`` is not ours to hook) on CUDA
-    whose prefill runs FLA's Triton kernels (``h`` exists; FlashInfer's path has no ``h``),
-    with the SSM cache in the model dtype (``h`` is in the model dtype; a float32 cache would get
-    rounded states, which caching off does not have), and without drafts (their speculative
-    blocks move between steps; the cut stays). ``additional_config`` can turn it off
-    (``config.INTERNAL_CHECKPOINTS_KEY``).
+    Only where the state written is exactly what a chunk end would leave: the engine allows it
+    (:func:`may_write_checkpoints`: CUDA, the Triton GDN prefill, no drafts, not turned off), the
+    layer is a Qwen GDN layer of upstream's forward (a subclass with its own ``_forward_core`` is
+    not ours to hook) whose prefill runs FLA's Triton kernels (``h`` exists; FlashInfer's path
+    has no ``h``), and its SSM cache is in the model dtype (``h`` is in the model dtype; a float32
+    cache would get rounded states, which caching off does not have).
     """
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
-    from vllm.platforms import current_platform
-
-    from vllm_lighter_mamba.config import internal_checkpoints
 
     eligible = (
-        internal_checkpoints(vllm_config)
-        and current_platform.is_cuda()
+        may_write_checkpoints(vllm_config)
         and isinstance(layer, QwenGatedDeltaNetAttention)
         and type(layer)._forward_core is QwenGatedDeltaNetAttention._forward_core
         and getattr(layer, "gdn_prefill_backend", None) == "triton"
-        and vllm_config.speculative_config is None
         and ssm_dtype == vllm_config.model_config.dtype
     )
     return FLA_CHUNK if eligible else None
 
 
 def may_write_checkpoints(vllm_config: Any) -> bool:
-    """Whether this engine's GDN layers will write checkpoints inside the forward (the platform
-    asks before any layer exists, to put the block size on FLA's grid): a GDN model on CUDA
-    whose prefill resolves to the Triton kernels, without drafts, not turned off."""
+    """Whether this engine's GDN layers may write checkpoints inside the forward (the platform
+    asks before any layer exists, to put the block size on FLA's grid; each layer then asks
+    :func:`checkpoint_alignment`): a GDN model on CUDA whose prefill resolves to the Triton
+    kernels, without drafts (their speculative blocks move between steps; the cut stays), not
+    turned off (``config.INTERNAL_CHECKPOINTS_KEY``)."""
     from vllm.platforms import current_platform
 
     from vllm_lighter_mamba.config import internal_checkpoints
