@@ -116,9 +116,14 @@ class StateRetention:
                 position, last_prompt_boundary=plan.last_prompt_boundary, decode_end=plan.decode_end
             )
             node.resumable = shared or own
-            node.provisional = own and not shared
             node.shared = shared
             node.prompt_end = own and position == plan.last_prompt_boundary
+            # Ranked by recency alone while its request runs, unless it is the end of a prompt
+            # that found nothing cached: the one way into a prefix new to the cache (a
+            # document, a first turn), which the next request sending it resumes from. A
+            # prompt that hit adds only its own tail (a question after a shared prefix),
+            # whose state is worth little until some request proves otherwise.
+            node.provisional = own and not shared and not (node.prompt_end and plan.cold)
             # Its decode end (past the prompt): a bet on a next turn, as a checkpoint is on a
             # follower; beyond their share the unproven ones go first (``EvictionTiers.pick``).
             node.continuation = own and not shared and position == plan.decode_end and not node.prompt_end

@@ -31,6 +31,8 @@ class RetentionPlan:
     last_prompt_boundary: int
     # Where a continuation resumes once decode stops at ``max_tokens`` (0: no limit known).
     decode_end: int
+    # The prompt found no cached prefix at its first admission: all of it is new to the cache.
+    cold: bool = False
 
     def with_owed(self, position: int) -> RetentionPlan:
         """The plan with align's chunk end ``position`` added to the stops."""
@@ -44,15 +46,18 @@ def plan_request(
     use_eagle: bool,
     stops: tuple[int, ...] = (),
     checkpoints: tuple[int, ...] = (),
+    cold: bool = False,
 ) -> RetentionPlan:
     """The plan of a request of ``num_prompt_tokens`` (``stops``: the scheduler's chunk stops,
-    ``checkpoints`` those among them that are cold-prompt checkpoints). With no stops it is
-    what the bookkeeping assumes for a request the scheduler did not plan."""
+    ``checkpoints`` those among them that are cold-prompt checkpoints; ``cold``: the prompt
+    found no cached prefix). With no stops it is what the bookkeeping assumes for a request
+    the scheduler did not plan."""
     return RetentionPlan(
         stops=stops,
         checkpoints=checkpoints,
         last_prompt_boundary=last_cache_position(num_prompt_tokens, block_size, use_eagle),
         decode_end=decode_end_boundary(num_prompt_tokens, max_tokens, block_size, use_eagle),
+        cold=cold,
     )
 
 

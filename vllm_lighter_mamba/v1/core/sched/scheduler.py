@@ -255,7 +255,8 @@ def request_stops(
         )
         stops = checkpoints + next_turn_stops(request.num_tokens, block_size, use_eagle)
         plans.set(request.request_id, plan_request(
-            request.num_prompt_tokens, request.max_tokens, block_size, use_eagle, stops, checkpoints
+            request.num_prompt_tokens, request.max_tokens, block_size, use_eagle, stops, checkpoints,
+            cold=start == 0,
         ))
     plan = plans.get(request.request_id)
     return plan.stops if plan is not None else ()
