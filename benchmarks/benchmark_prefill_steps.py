@@ -221,7 +221,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show-requests", action="store_true", help="also one row per request")
     args = parser.parse_args(argv)
-    modes = args.modes.split(",")
+    from vllm_lighter_mamba.bench.sim import split_modes
+
+    modes = split_modes(args.modes)
     for mode in modes:
         parse_mode(mode)
     rows = []

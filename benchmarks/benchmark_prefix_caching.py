@@ -129,7 +129,9 @@ def sources(args):
 def modes_of(args) -> list[str]:
     """The modes to run; --simulate also takes lighter:off (no retention policy: vLLM's LRU
     eviction order) and lighter:alpha=X,share=Y (other settings)."""
-    modes = args.compare.split(",") if args.compare else [args.mamba_cache_mode or "lighter"]
+    from vllm_lighter_mamba.bench.sim import split_modes
+
+    modes = split_modes(args.compare) if args.compare else [args.mamba_cache_mode or "lighter"]
     for mode in modes:
         if mode in MODES:
             continue
@@ -324,7 +326,13 @@ def print_requests(results: list[dict]) -> None:
 def sweep_report(summaries: list[dict], pressure: float = 0.8) -> dict:
     """Hit rate against pool size, per workload: each mode's rate, align's share of its
     rate in the largest pool ('unlimited'), and every mode's ratio to align. Pool sizes where
-    align keeps at most ``pressure`` of its unlimited rate are the 'pressure' points."""
+    align keeps at most ``pressure`` of its unlimited rate are the 'pressure' points.
+
+    A mode's 'ceiling' at a pool size is its own unlimited rate over align's rate there: the
+    ratio it would reach if pressure cost it no hit. No eviction order goes beyond it (it
+    only chooses which of the states the mode caches survive), so a target ratio above the
+    ceiling asks for more states, not a better order: where align keeps a share f of a
+    ceiling equal to its own, the most any order reaches is 1 / f."""
     report: dict = {}
     for workload in dict.fromkeys(s["workload"] for s in summaries):
         rows = [s for s in summaries if s["workload"] == workload and s.get("num_blocks") is not None]
@@ -345,6 +353,10 @@ def sweep_report(summaries: list[dict], pressure: float = 0.8) -> dict:
                 for m in modes
                 if (m, size) in rate
             }
+            point["ceiling_to_" + base] = {
+                m: (rate[(m, sizes[-1])] / denominator if denominator and (m, sizes[-1]) in rate else None)
+                for m in modes
+            }
             point["pressure"] = bool(unlimited) and rate.get((base, size), 0.0) <= pressure * unlimited
             points.append(point)
         report[workload] = {
@@ -364,15 +376,18 @@ def print_sweep(report: dict) -> None:
               f"'pressure' = {base} keeps <= 80% of its rate at {sweep['unlimited_num_blocks']} blocks")
         others = [m for m in modes if m != base]
         print("| num_blocks | " + " | ".join(modes) + f" | {base} retained | "
-              + " | ".join(f"{m} / {base}" for m in others) + " | pressure |")
-        print("|---" * (len(modes) + len(others) + 3) + "|")
+              + " | ".join(f"{m} / {base}" for m in others)
+              + " | " + " | ".join(f"{m} ceiling" for m in others) + " | pressure |")
+        print("|---" * (len(modes) + 2 * len(others) + 3) + "|")
         for p in sweep["points"]:
             rates = " | ".join("" if p["hit_rate"][m] is None else f"{p['hit_rate'][m]:.4f}" for m in modes)
             ratio = p["ratio_to_" + base]
             ratios = " | ".join("" if ratio.get(m) is None else f"{ratio[m]:.3f}" for m in others)
+            ceiling = p["ceiling_to_" + base]
+            ceilings = " | ".join("" if ceiling.get(m) is None else f"{ceiling[m]:.3f}" for m in others)
             retained = p.get(f"{base}_retained")
             print(f"| {p['num_blocks']} | {rates} | {'' if retained is None else f'{retained:.3f}'} | "
-                  f"{ratios} | {'yes' if p['pressure'] else ''} |")
+                  f"{ratios} | {ceilings} | {'yes' if p['pressure'] else ''} |")
 
 
 def plot_sweep(report: dict, path: str) -> None:

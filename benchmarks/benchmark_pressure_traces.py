@@ -20,10 +20,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="lighter modes compared with align (lighter:off: no retention policy)")
     parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")
     args = parser.parse_args(argv)
-    from vllm_lighter_mamba.bench.sim import replay
+    from vllm_lighter_mamba.bench.sim import replay, split_modes
     from vllm_lighter_mamba.bench.workloads import history_trace
 
-    modes = args.modes.split(",")
+    modes = split_modes(args.modes)
     rows = {mode: {"cases": 0, "evicting": 0, "below": 0, "hit_tokens": 0, "worst": 0.0, "worst_case": None,
                    "below_5pct": 0, "below_by_pool": [0] * 6} for mode in modes}
     align_hit_tokens = 0

@@ -82,7 +82,7 @@ def arrival_steps(
 
 def main(argv: list[str] | None = None) -> None:
     ours, args = parse_args(argv)
-    from vllm_lighter_mamba.bench.sim import SimRequest, replay
+    from vllm_lighter_mamba.bench.sim import SimRequest, replay, split_modes
 
     segments, requests, step = [], [], 0
     for name, round_, workload in server_sequence(args):
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         segments.append((name, round_, first, len(requests)))
         step = max(steps, default=step) + ours.gap_steps
     rows = []
-    for mode in ours.replay_modes.split(","):
+    for mode in split_modes(ours.replay_modes):
         sim_mode, options = benchmark_prefill_steps.parse_mode(mode)
         result = replay(
             sim_mode, requests, args.model, overlap=True, async_scheduling=True,
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             cached = sum(result.cached_per_request.get(r.request_id, 0) for r in chosen)
             rows.append({"mode": mode, "workload": name, "round": round_, "hit_rate": cached / prompt,
                          "prefill_steps_per_request": sum(steps[r.request_id] for r in chosen) / len(chosen)})
-    modes = ours.replay_modes.split(",")
+    modes = split_modes(ours.replay_modes)
     print("| workload | round | " + " | ".join(f"{m} hits | {m} prefill steps/req" for m in modes) + " |")
     print("|---|---|" + "---|---|" * len(modes))
     for name, round_, _, _ in segments:

@@ -68,3 +68,11 @@ def test_table_has_a_row_per_mode(bench):
             for mode in ("none", "lighter")]
     table = bench.markdown(rows).splitlines()
     assert len(table) == 4 and "| w | 512 | lighter | 256 | 1 | 1.0 | 1 | 132.0 | 768.0 | 0.853 |" in table[3]
+
+
+def test_a_lighter_modes_options_stay_with_it_in_a_list_of_modes():
+    from vllm_lighter_mamba.bench.sim import parse_mode, split_modes
+
+    modes = split_modes("align,lighter:off,inside,lighter,lighter:alpha=8,ckpt=1/2/4,none")
+    assert modes == ["align", "lighter:off,inside", "lighter", "lighter:alpha=8,ckpt=1/2/4", "none"]
+    assert parse_mode(modes[1]) == ("lighter", (("retention", "off"), ("internal_checkpoints", True)))

@@ -129,4 +129,7 @@ def test_simulated_pool_size_sweep(qwen3_next_dir, tmp_path):
         small = sweep["points"][0]
         assert small["hit_rate"]["align"] == rows[("align", workload, 60)]["hit_rate"]
         assert small["pressure"] == (small["align_retained"] <= 0.8)
+        big = rows[("lighter", workload, 5000)]["hit_rate"]
+        assert small["ceiling_to_align"]["lighter"] == big / small["hit_rate"]["align"]
+        assert small["ratio_to_align"]["lighter"] <= small["ceiling_to_align"]["lighter"]
     assert (tmp_path / "sweep.png").stat().st_size > 0

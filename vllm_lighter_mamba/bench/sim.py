@@ -36,6 +36,19 @@ MODES = ("none", "align", "lighter")
 LighterOptions = tuple[tuple[str, float | str | tuple[int, ...]], ...]
 
 
+def split_modes(modes: str, names: Sequence[str] = MODES) -> list[str]:
+    """A comma-separated list of modes, where a lighter mode's own options are comma-separated
+    too (``align,lighter:off,inside,lighter`` is align, ``lighter:off,inside`` and lighter): an
+    item that does not start with a mode name continues the mode before it."""
+    out: list[str] = []
+    for item in filter(None, modes.split(",")):
+        if out and item.partition(":")[0] not in names:
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
+
+
 def parse_mode(mode: str) -> tuple[str, LighterOptions | None]:
     """``lighter`` with the retention policy's defaults, ``lighter:off`` without the policy
     (vLLM's LRU eviction order), ``lighter:alpha=X`` (and/or ``share=Y``, ``cap=Z``, comma-separated) with
