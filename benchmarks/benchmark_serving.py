@@ -161,7 +161,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"profiled workload {name!r} is not one of --workloads")
     if args.profile_workloads and not args.profile_dir:
         p.error("--profile-workloads needs --profile-dir")
-    for mode in args.modes.split(","):
+    from vllm_lighter_mamba.bench.sim import split_modes
+
+    # A lighter mode's options stay together (``lighter:cut,ckpt=none``); ``off`` starts a mode
+    # here (caching off), so a served list cannot carry the retention option ``off``.
+    args.mode_list = split_modes(args.modes, MODES)
+    for mode in args.mode_list:
         try:
             mode_serve_args(mode)
         except ValueError as error:
@@ -512,7 +517,7 @@ def run_concurrent(args: argparse.Namespace, log_dir: str, started: float) -> li
     (:func:`concurrent_order`); then one profiled run per mode of each --profile-workloads.
     Runs are written to LOG_DIR/concurrent-runs.json as they finish (a killed call keeps them);
     --stop-after-s starts no further round."""
-    modes = args.modes.split(",")
+    modes = args.mode_list
     specs = [server_spec(args, mode, str(Path(log_dir, f"server-{mode_label(mode)}.log")))
              for mode in modes]
     for spec, mode in zip(specs, modes, strict=True):
@@ -565,7 +570,7 @@ def run_sequential(args: argparse.Namespace, log_dir: str, started: float) -> li
     """The default schedule: a server per (round, mode), modes alternated; each server's runs
     kept in LOG_DIR/NN-MODE.json and reused by a later call (with --results-dir)."""
     runs: list[dict] = []
-    for index, (round_, mode) in enumerate(schedule(args.modes.split(","), args.rounds)):
+    for index, (round_, mode) in enumerate(schedule(args.mode_list, args.rounds)):
         saved = Path(log_dir, f"{index:02d}-{mode_label(mode)}.json")
         if args.results_dir and saved.exists():
             runs += json.loads(saved.read_text())

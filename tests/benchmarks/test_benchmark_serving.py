@@ -193,6 +193,13 @@ def test_a_lighter_variant_merges_its_settings_into_the_servers_additional_confi
     assert summary["ratios"]["rag"]["lighter/align"]["p50_ttft_ms"] == pytest.approx(1.25)
 
 
+def test_a_served_lighter_modes_options_stay_with_it():
+    args = serving.parse_args(["--model", "m", "--modes", "off,lighter:cut,ckpt=none,align"])
+    assert args.mode_list == ["off", "lighter:cut,ckpt=none", "align"]
+    assert serving.mode_serve_args("lighter:cut,ckpt=none")[2] == {
+        "lighter_mamba_internal_checkpoints": False, "lighter_mamba_cold_checkpoints": []}
+
+
 def test_an_unknown_mode_is_one_clear_error(capsys):
     with pytest.raises(SystemExit):
         serving.parse_args(["--model", "m", "--modes", "align,lighter:bogus=1"])
