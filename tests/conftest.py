@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,22 @@ def tiny_model(arch: str) -> str:
     # A changed builder (a model's shape) gets a fresh model instead of a stale cached one.
     version = hashlib.sha256(Path(tiny_models.__file__).read_bytes()).hexdigest()[:8]
     out = MODEL_CACHE / f"{arch}-{version}"
-    if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
-        build_tiny_model(arch, out, seed=0)
+    def complete(path: Path) -> bool:
+        return (path / "config.json").exists() and (path / "tokenizer.json").exists()
+
+    if not complete(out):
+        # `make test` runs two pytest workers: each builds into its own folder and renames it
+        # into place, so neither reads a half-written model (the loser's copy is dropped).
+        staging = out.with_name(f"{out.name}.building-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        build_tiny_model(arch, staging, seed=0)
+        try:
+            os.rename(staging, out)
+        except OSError:  # a folder is there: another worker's model, or a half-done old build
+            if not complete(out):
+                shutil.rmtree(out)
+                os.rename(staging, out)
+            shutil.rmtree(staging, ignore_errors=True)
     return str(out)
 
 
