@@ -98,10 +98,21 @@ def test_utility_buys_at_most_the_cap_of_extra_lifetime():
     assert utility_bonus_cap(455, 1.0) == 455 and utility_bonus_cap(455, 0.5) == 227.5
     # Below the cap utility still ranks: the junction outlives a slightly newer leaf.
     assert eviction_score(11, leaf, 1.0, max_bonus=455) < eviction_score(10, junction, 1.0, max_bonus=455)
-    # Past it a newer state outranks an older one whatever each saves (a workload nobody sends
-    # any more leaves); uncapped the old junction outlives a leaf released 1,900 pages later.
-    assert eviction_score(10, junction, 16.0, max_bonus=455) < eviction_score(11, leaf, 16.0, max_bonus=455)
+    # Past it a state released a cap's worth of pages later outranks an older one whatever
+    # each saves (a workload nobody sends any more leaves); uncapped the old junction
+    # outlives a leaf released 1,900 pages later.
+    old_junction = eviction_score(10, junction, 16.0, max_bonus=455)
+    assert old_junction < eviction_score(10 + 455, leaf, 16.0, max_bonus=455)
+    assert eviction_score(10, junction, 16.0, max_bonus=455) <= 10 + 455
     assert eviction_score(1910, leaf, 16.0) < eviction_score(10, junction, 16.0)
+    # Near and past the cap utility still ranks states released together (a clipped bonus
+    # made both 455: recency alone, wherever alpha * utility exceeds a small pool's cap).
+    assert eviction_score(10, leaf, 16.0, max_bonus=455) < eviction_score(10, junction, 16.0, max_bonus=455)
+    # (a 13-block pool's cap; utilities of the property suite's seed-1 states)
+    assert eviction_score(10, 2.0, 16.0, max_bonus=13) < eviction_score(10, 8.0, 16.0, max_bonus=13)
+    # A cap of 0 leaves recency alone.
+    assert eviction_score(10, junction, 16.0, max_bonus=0) == 10
+    assert eviction_score(10, leaf, 16.0, max_bonus=0) == 10
 
 
 def test_checkpoint_bets():

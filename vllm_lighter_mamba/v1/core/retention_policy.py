@@ -30,6 +30,7 @@ The policy (applied only when the pool must evict, so nothing changes without pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
@@ -159,14 +160,24 @@ def eviction_score(recency: int, utility: float, alpha: float, max_bonus: float 
     alpha 1, a state saving 200 tokens of prefill per page outlives one saving 50 by about
     150 released pages. Alpha 0 is LRU among admitted states.
 
-    The extra lifetime is capped at ``max_bonus`` pages (:func:`utility_bonus_cap`): once a
+    The extra lifetime is bounded by ``max_bonus`` pages (:func:`utility_bonus_cap`): once a
     state has gone that long without a hit, a newer state outranks it whatever either would
     save. Uncapped, utility outlives a change of workload: long system prompts nobody sends
     any more kept their states for many turnovers of the pool while a chat's fresh states,
     worth less per page, were evicted before their next turn came (H100, 2026-12-05:
     multi-turn hit rate 0.12-0.26 against align's 0.60 after two system-prompt workloads).
+    The bound is approached, not clipped (``max_bonus * (1 - exp(-alpha * utility /
+    max_bonus))``, close to ``alpha * utility`` well below it): a clipped bonus is the same
+    for every state past the cap, so in small pools, where most states are, utility stopped
+    ranking at all and the order fell back to recency (the property suite's pressure cases
+    below align: 16.6% clipped, 15.9% approached; CPU replays, 2026-12-07).
     """
-    return recency + min(alpha * utility, max_bonus)
+    if max_bonus <= 0:
+        return float(recency)
+    bonus = alpha * utility
+    if max_bonus < float("inf"):
+        bonus = max_bonus * -math.expm1(-bonus / max_bonus)
+    return recency + bonus
 
 
 def utility_bonus_cap(pool_pages: int, turnovers: float) -> float:
