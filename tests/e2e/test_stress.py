@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from vllm_lighter_mamba.bench.server import ServerSpec, cpu_serve_args, metric_total, metrics, serve_many
+from vllm_lighter_mamba.bench.server import cpu_serve_args, metric_total, metrics, serve
 
 from .helpers import shared_text
 
@@ -104,12 +104,10 @@ def test_stress_streaming_cancellations_preemption(qwen3_next_dir, tmp_path):
     lighter = os.environ.get("LIGHTER_MAMBA_STRESS_MODE", "lighter") == "lighter"
     # The reference is not the server under test: the same prompts, one at a time, from a
     # server with prefix caching off (a wrong cached state would be in a reference taken from
-    # the lighter server itself). Both servers start at once (their start-ups overlap on the
-    # two cores); the reference one idles through the stress.
-    servers = [ServerSpec(qwen3_next_dir, args + ["--no-enable-prefix-caching"], lighter=False),
-               ServerSpec(qwen3_next_dir, args, lighter=lighter, log_path=str(log))]
-    with serve_many(servers) as (reference_url, base_url):
-        reference = asyncio.run(reference_ids(reference_url, qwen3_next_dir))
+    # the lighter server itself).
+    with serve(qwen3_next_dir, args + ["--no-enable-prefix-caching"], lighter=False) as base_url:
+        reference = asyncio.run(reference_ids(base_url, qwen3_next_dir))
+    with serve(qwen3_next_dir, args, lighter=lighter, log_path=str(log)) as base_url:
         before = metrics(base_url)
         stats = asyncio.run(run_stress(base_url, qwen3_next_dir, reference))
         time.sleep(2)
