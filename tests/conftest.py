@@ -34,6 +34,7 @@ def tiny_model(arch: str) -> str:
     # A changed builder (a model's shape) gets a fresh model instead of a stale cached one.
     version = hashlib.sha256(Path(tiny_models.__file__).read_bytes()).hexdigest()[:8]
     out = MODEL_CACHE / f"{arch}-{version}"
+
     def complete(path: Path) -> bool:
         return (path / "config.json").exists() and (path / "tokenizer.json").exists()
 
