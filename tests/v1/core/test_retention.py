@@ -502,6 +502,24 @@ def test_admission_decisions_in_a_replay(qwen3_next_dir):
     assert counters.states_held == counters.states_cached == 7
 
 
+@pytest.mark.parametrize("length", [96, 97, 111])
+def test_a_prompts_end_is_where_vllm_lets_a_resend_of_it_hit(qwen3_next_dir, length):
+    """The state kept as a prompt's end (admitted, for a repeat of the prompt) is the one a
+    resend resumes from. Reference: vLLM's scheduler, the hit of the second of two identical
+    prompts. One token is always recomputed, so a prompt of exactly 6 blocks (96 tokens) is
+    resent from 80, not 96: kept as "the prompt's end", 96 would be admitted and 80 dropped,
+    first in line for eviction (the property suite's worst case, seed 1, was such a prompt)."""
+    tokens = list(range(1, length + 1))
+    first = SimRequest("a", tokens, max_tokens=40)
+    again = SimRequest("b", tokens, max_tokens=1, arrival_step=80)
+    result = replay("lighter", [first, again], qwen3_next_dir, block_size=16, max_num_batched_tokens=64)
+    hit = result.cached_per_request["b"]
+    assert hit == plan_request(length, 40, 16, False).last_prompt_boundary > 0
+    ends = {pos: node_at(result.scheduler, result.requests["a"], pos) for pos in (hit, hit + 16)}
+    assert ends[hit].prompt_end and ends[hit].resumable
+    assert not ends[hit + 16].prompt_end
+
+
 def test_only_a_cold_prompts_end_is_ranked_with_its_worth_while_its_request_runs(qwen3_next_dir):
     """Through the scheduler: ``a`` found nothing cached, so its prompt end (160) is ranked with
     its worth while it decodes; ``b`` resends a's first 160 tokens and more, hits them, and its

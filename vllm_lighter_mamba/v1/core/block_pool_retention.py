@@ -156,8 +156,8 @@ class StateRetention:
 
     def request_released(self, request: Any, use_eagle: bool) -> None:
         """The request finished or was preempted: its deepest state is where a continuation
-        (or its own resumption) starts, and its prompt's last boundary where a repeat of the
-        prompt does (each a block earlier with EAGLE/MTP: ``last_cache_position``). Either one
+        (or its own resumption) starts (a block earlier with EAGLE/MTP: ``last_cache_position``),
+        and its plan's ``last_prompt_boundary`` where a repeat of the prompt does. Either one
         that was dropped, or ranked by recency alone while the request ran, is admitted and
         ranked afresh."""
         bs = self.block_size

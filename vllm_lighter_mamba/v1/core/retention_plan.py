@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vllm_lighter_mamba.v1.core.retention_policy import decode_end_boundary
-from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
+from vllm_lighter_mamba.v1.core.sched.policy import resend_hit_boundary
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class RetentionPlan:
     stops: tuple[int, ...]
     # The cold-prompt checkpoints among them (empty unless the prompt found no cached prefix).
     checkpoints: tuple[int, ...]
-    # The prompt's last cacheable boundary (``last_cache_position`` of the prompt).
+    # Where the same prompt sent again resumes (``resend_hit_boundary`` of the prompt).
     last_prompt_boundary: int
     # Where a continuation resumes once decode stops at ``max_tokens`` (0: no limit known).
     decode_end: int
@@ -55,7 +55,7 @@ def plan_request(
     return RetentionPlan(
         stops=stops,
         checkpoints=checkpoints,
-        last_prompt_boundary=last_cache_position(num_prompt_tokens, block_size, use_eagle),
+        last_prompt_boundary=resend_hit_boundary(num_prompt_tokens, block_size, use_eagle),
         decode_end=decode_end_boundary(num_prompt_tokens, max_tokens, block_size, use_eagle),
         cold=cold,
     )

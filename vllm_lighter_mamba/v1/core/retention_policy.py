@@ -97,8 +97,9 @@ def expected_by_others(position: int, *, block_size: int, shared_prefix_boundary
 
 
 def expected_by_itself(position: int, *, last_prompt_boundary: int, decode_end: int) -> bool:
-    """The state is where *this* request's own future resumes: its prompt's last cacheable
-    boundary (the same prompt again) or the boundary its decode ends on (the next turn)."""
+    """The state is where *this* request's own future resumes: the boundary a resend of its
+    prompt hits (the same prompt again; ``policy.resend_hit_boundary``) or the boundary its
+    decode ends on (the next turn)."""
     return position in (last_prompt_boundary, decode_end)
 
 

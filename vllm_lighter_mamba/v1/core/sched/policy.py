@@ -43,6 +43,15 @@ def last_cache_position(num_tokens: int, block_size: int, use_eagle: bool) -> in
     return position
 
 
+def resend_hit_boundary(num_tokens: int, block_size: int, use_eagle: bool) -> int:
+    """The deepest boundary a resend of the same ``num_tokens`` tokens can hit: vLLM's rule
+    (``get_mamba_prefill_checkpoint_position``: one token is always recomputed, EAGLE/MTP drop
+    one more block). For a prompt of exactly k blocks it is k - 1 blocks, one block short of
+    :func:`last_cache_position` (the state after the whole prompt, which only a longer prompt,
+    a next turn, can hit)."""
+    return get_mamba_prefill_checkpoint_position(num_tokens, block_size, use_eagle)
+
+
 def next_turn_stops(num_tokens: int, block_size: int, use_eagle: bool) -> tuple[int, ...]:
     """With EAGLE/MTP, the prompt's last full block boundary as well (one block past
     :func:`last_cache_position`), where align leaves no state.
