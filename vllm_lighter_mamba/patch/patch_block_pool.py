@@ -38,6 +38,16 @@ def _free_blocks(self: Any, ordered_blocks: Iterable[Any], **kwargs: Any) -> Non
     return None
 
 
+def _cache_full_blocks(self: Any, request: Any, blocks: list, num_cached_blocks: int, num_full_blocks: int,
+                       *args: Any, **kwargs: Any) -> None:
+    original(upstream.BlockPool, "cache_full_blocks")(
+        self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs
+    )
+    if retention_of(self) is not None and num_full_blocks > num_cached_blocks:
+        new = blocks[num_cached_blocks:num_full_blocks]
+        with_retention(self, "after_cache", lambda policy: policy.after_cache(new), None)
+
+
 def _maybe_evict_cached_block(self: Any, block: Any) -> bool:
     group = primary_group(self)  # None unless a lighter Mamba manager uses this pool
     key = block.block_hash
@@ -65,4 +75,5 @@ def apply() -> None:
     replace_attr(upstream.BlockPool, "_maybe_evict_cached_block", _maybe_evict_cached_block)
     replace_attr(upstream.BlockPool, "get_new_blocks", _get_new_blocks)
     replace_attr(upstream.BlockPool, "free_blocks", _free_blocks)
+    replace_attr(upstream.BlockPool, "cache_full_blocks", _cache_full_blocks)
     replace_attr(upstream.BlockPool, "reset_prefix_cache", _reset_prefix_cache)

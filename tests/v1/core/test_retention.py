@@ -9,7 +9,7 @@ import types
 import pytest
 from prometheus_client import REGISTRY
 from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_utils import get_group_id
+from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
 
 from vllm_lighter_mamba.bench.sim import (
     SimRequest,
@@ -207,6 +207,36 @@ def test_without_pressure_the_free_queue_is_not_touched():
     got = p.pool.get_new_blocks(10)  # never-cached blocks are at the front: no eviction
     assert [b.block_id for b in got] == before[:10]
     assert p.evicted() == {} and p.counters.states_evicted == 0
+
+
+def test_a_second_copy_of_a_cached_prefix_goes_first():
+    """A request that recomputed a cached prefix (no state to resume from, e.g. it arrived
+    before the junction state was cached) holds a second copy of the prefix's attention
+    blocks, and vLLM's lookup finds the first copy, the free one. Evicting that copy loses no
+    hit (the held copy serves it, and then a follower shares the held blocks instead of taking
+    free ones): it goes before any state. Of two free copies only one goes."""
+    p = Pool(num_blocks=48)
+    a_attention, a_states = p.chain("a", 4, [3])
+    resend = make_request(SimRequest("resend", list(range(1, 4 * BS + 2)), 1), BS)  # a's tokens
+    held = p.pool.get_new_blocks(4)
+    p.pool.cache_full_blocks(resend, held, 0, 4, BS, ATTENTION[0])
+    p.drain_free()
+    p.pool.get_new_blocks(4)
+    assert p.evicted() == {"duplicate_copy": 4}
+    assert not cached(a_attention) and cached(held) and cached(a_states[3])
+    keys = [get_block_hash(b.block_hash) for b in held]
+    assert [p.pool.get_cached_block(k, ATTENTION)[0].block_id for k in keys] == [b.block_id for b in held]
+
+    # Both copies free: one of each goes, the prefix stays cached.
+    p = Pool(num_blocks=48)
+    p.chain("a", 4, [3])
+    copies = p.pool.get_new_blocks(4)
+    p.pool.cache_full_blocks(resend, copies, 0, 4, BS, ATTENTION[0])
+    p.pool.free_blocks(reversed(copies))
+    p.drain_free()
+    p.pool.get_new_blocks(5)
+    assert p.evicted()["duplicate_copy"] == 4
+    assert all(p.pool.get_cached_block(k, ATTENTION) is not None for k in keys)
 
 
 def test_victims_in_order_dropped_state_then_ranked_then_attention_past_state():

@@ -175,13 +175,29 @@ class StateRetention:
 
     # --- called by the block pool ---------------------------------------------------------
 
+    def after_cache(self, blocks: list[KVCacheBlock]) -> None:
+        """Blocks just hashed: where one repeats a prefix cached before (its request
+        recomputed it), the free copies of that prefix are duplicates."""
+        for block in blocks:
+            key = block.block_hash
+            if key is None or block.is_null:
+                continue
+            copies = blocks_cached_under(self.pool.cached_block_hash_to_block, key)
+            if len(copies) > 1:
+                for copy in copies:
+                    if copy.ref_cnt == 0 and copy.prev_free_block is not None:
+                        self.tiers.duplicate(copy)
+
     def after_free(self, blocks: list[KVCacheBlock]) -> None:
         """Sort the blocks that just became cached-and-free into their tiers."""
+        cache = self.pool.cached_block_hash_to_block
         for block in blocks:
             key = block.block_hash
             if key is None or block.ref_cnt != 0 or block.is_null:
                 continue
             self.tiers.tick()
+            if len(blocks_cached_under(cache, key)) > 1:
+                self.tiers.duplicate(block)
             group = get_group_id(key)
             block_hash = get_block_hash(key)
             # A state's pages in the other Mamba groups go with its primary page.
@@ -261,6 +277,13 @@ class StateRetention:
 
     def state_released(self, block_hash: BlockHash) -> bool:
         return bool(self._free_blocks(block_hash, (self.primary,)))
+
+    def redundant(self, block: KVCacheBlock, excluded: set[int]) -> bool:
+        key = block.block_hash
+        if key is None or block.ref_cnt != 0 or block.prev_free_block is None:
+            return False
+        copies = blocks_cached_under(self.pool.cached_block_hash_to_block, key)
+        return any(c.block_id != block.block_id and c.block_id not in excluded for c in copies)
 
     def _free_blocks(self, block_hash: BlockHash, groups: Iterable[int]) -> list[KVCacheBlock]:
         """The cached, unreferenced blocks of ``block_hash`` in ``groups`` (free-queue members)."""

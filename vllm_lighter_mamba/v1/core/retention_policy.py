@@ -35,9 +35,12 @@ from collections.abc import Iterable
 
 from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
 
-# Why a page was evicted, in the order victims are taken. "lru": the pool evicted a cached
-# page the policy did not pick (nothing of the policy's tiers was left).
+# Why a page was evicted, in the order victims are taken. "duplicate_copy": a free page whose
+# prefix another block still holds (a request recomputed tokens that were cached), so evicting
+# it loses no hit. "lru": the pool evicted a cached page the policy did not pick (nothing of the
+# policy's tiers was left).
 EVICTION_REASONS = (
+    "duplicate_copy",
     "orphan_state",
     "attention_past_state",
     "dropped_state",

@@ -3,6 +3,8 @@
 Per block pool, the released (cached, unreferenced) blocks the policy knows about, by tier,
 in the order victims are taken (``retention_policy.EVICTION_REASONS``):
 
+0. duplicate copies: free pages of a prefix another block also holds (a request recomputed
+   cached tokens), oldest first: while the other copy is cached, evicting one loses no hit;
 1. orphans: state pages that can serve no hit (their attention prefix is gone, or the state
    lost a page in another Mamba group), oldest first;
 2. attention past the deepest state cached on its chain (a hit can never reach it);
@@ -49,6 +51,10 @@ class FreePages(Protocol):
 
     def state_released(self, block_hash: BlockHash) -> bool:
         """Whether the state's page in the primary Mamba group is free (no request holds it)."""
+
+    def redundant(self, block: KVCacheBlock, excluded: set[int]) -> bool:
+        """Whether ``block`` is a free-queue member whose prefix (hash and group) another cached
+        block, not among the ``excluded`` block ids, also holds."""
 
 
 class BetBook:
@@ -99,6 +105,8 @@ class EvictionTiers:
         self.clear()
 
     def clear(self) -> None:
+        # Free pages with another copy of their prefix cached, by block id, oldest first.
+        self.duplicates: OrderedDict[int, KVCacheBlock] = OrderedDict()
         # Released cached blocks by tier (keys: block hashes without group), oldest first.
         self.orphans: OrderedDict[BlockHash, None] = OrderedDict()
         self.dead_attention: OrderedDict[BlockHash, None] = OrderedDict()
@@ -169,6 +177,12 @@ class EvictionTiers:
             if not node.dropped:
                 node.dropped = True
                 self.counters.states_dropped += 1
+
+    def duplicate(self, block: KVCacheBlock) -> None:
+        """A free page whose prefix another block also holds: first in line (checked again when
+        taken)."""
+        self.duplicates.pop(block.block_id, None)
+        self.duplicates[block.block_id] = block
 
     def attention_released(self, block_hash: BlockHash, node: PrefixNode | None) -> None:
         if node is None or not node.live:
@@ -276,6 +290,10 @@ class EvictionTiers:
                     queue[block_hash] = None
                     queue.move_to_end(block_hash, last=False)
 
+        while len(victims) < count and self.duplicates:
+            _, block = self.duplicates.popitem(last=False)
+            if pages.redundant(block, chosen):
+                take([block], "duplicate_copy")
         # A node whose state is back (its prefix was recomputed) is no orphan; attention
         # below which a state was cached since is needed again.
         drain(self.orphans, "orphan_state", pages.state_pages,

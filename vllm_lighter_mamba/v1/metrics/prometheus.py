@@ -32,6 +32,7 @@ DOCS = {
     "states_admitted": "Boundary states kept for later requests once their request moved on",
     "states_dropped": "Boundary states put first in line for eviction (no later request expected "
     "to resume from them)",
+    "evicted_pages_duplicate_copy": "Cached pages evicted: a copy of a prefix another block still holds",
     "evicted_pages_orphan_state": "Cached pages evicted: a state whose attention prefix was gone",
     "evicted_pages_attention_past_state": "Cached pages evicted: attention past the deepest cached "
     "state on its chain",
