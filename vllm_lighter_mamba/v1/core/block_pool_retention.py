@@ -20,7 +20,8 @@ Per pool, :class:`StateRetention` ties together the prefix tree of cached states
 (``retention_tree.py``), the eviction tiers (``retention_tiers.py``) and the scheduler's
 per-request plans (``retention_plan.py``); the policy's rules are pure functions in
 ``retention_policy.py``. Work happens when a state is cached (per block boundary a request
-crosses, not per step), when blocks are released, and when an allocation evicts.
+crosses, not per step), when blocks are hashed or released (one lookup per block: does another
+copy of its prefix exist), and when an allocation evicts.
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ attention prefix is gone and attention blocks that no cached state can resume pa
 The policy (applied only when the pool must evict, so nothing changes without pressure):
 
 1. Admission. When the request that cached a state has moved on, the state is *admitted*
-   (ranked with the rest) if a later request can resume from it: the prompt's last cacheable
-   boundary, a junction with another cached prefix, a cold-prompt checkpoint (and the align
+   (ranked with the rest) if a later request can resume from it: where a resend of the prompt
+   resumes, a junction with another cached prefix, a cold-prompt checkpoint (and the align
    chunk ends those owe), the boundary where the request's decode will end (a multi-turn
    continuation resumes there), or a state some request already resumed from. Any other
    state (a chunk end the token budget made, a boundary decode crossed on the way) is
    *dropped*: still cached, but first in line for eviction.
-2. Coordinated eviction. First the pages that cannot serve any hit: states whose attention
+2. Coordinated eviction. First the pages that cannot serve any hit: free second copies of a
+   prefix another block still holds (a request recomputed cached tokens), states whose attention
    prefix is gone (or that lost one group's page), then attention blocks past the deepest
    state cached on their chain (a hit can never reach them); then dropped states; then the
    admitted states in order of :func:`eviction_score`: recency plus ``alpha`` times the
