@@ -43,7 +43,7 @@ def _cache_full_blocks(self: Any, request: Any, blocks: list, num_cached_blocks:
     original(upstream.BlockPool, "cache_full_blocks")(
         self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs
     )
-    if retention_of(self) is not None and num_full_blocks > num_cached_blocks:
+    if num_full_blocks > num_cached_blocks and retention_of(self) is not None:
         new = blocks[num_cached_blocks:num_full_blocks]
         with_retention(self, "after_cache", lambda policy: policy.after_cache(new), None)
 

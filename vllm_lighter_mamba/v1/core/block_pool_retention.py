@@ -183,21 +183,20 @@ class StateRetention:
             key = block.block_hash
             if key is None or block.is_null:
                 continue
-            copies = blocks_cached_under(self.pool.cached_block_hash_to_block, key)
+            copies = self._copies(key)
             if len(copies) > 1:
                 for copy in copies:
-                    if copy.ref_cnt == 0 and copy.prev_free_block is not None:
+                    if in_free_queue(copy):
                         self.tiers.duplicate(copy)
 
     def after_free(self, blocks: list[KVCacheBlock]) -> None:
         """Sort the blocks that just became cached-and-free into their tiers."""
-        cache = self.pool.cached_block_hash_to_block
         for block in blocks:
             key = block.block_hash
             if key is None or block.ref_cnt != 0 or block.is_null:
                 continue
             self.tiers.tick()
-            if len(blocks_cached_under(cache, key)) > 1:
+            if len(self._copies(key)) > 1:
                 self.tiers.duplicate(block)
             group = get_group_id(key)
             block_hash = get_block_hash(key)
@@ -281,19 +280,20 @@ class StateRetention:
 
     def redundant(self, block: KVCacheBlock, excluded: set[int]) -> bool:
         key = block.block_hash
-        if key is None or block.ref_cnt != 0 or block.prev_free_block is None:
+        if key is None or not in_free_queue(block):
             return False
-        copies = blocks_cached_under(self.pool.cached_block_hash_to_block, key)
-        return any(c.block_id != block.block_id and c.block_id not in excluded for c in copies)
+        return any(c.block_id != block.block_id and c.block_id not in excluded for c in self._copies(key))
+
+    def _copies(self, key: Any) -> list[KVCacheBlock]:
+        """Every block cached under ``key`` (a block hash with its group), in use or free."""
+        return blocks_cached_under(self.pool.cached_block_hash_to_block, key)
 
     def _free_blocks(self, block_hash: BlockHash, groups: Iterable[int]) -> list[KVCacheBlock]:
         """The cached, unreferenced blocks of ``block_hash`` in ``groups`` (free-queue members)."""
         found = []
-        cache = self.pool.cached_block_hash_to_block
         for group in groups:
             key = make_block_hash_with_group_id(block_hash, group)
-            blocks = blocks_cached_under(cache, key)
-            found.extend(b for b in blocks if b.ref_cnt == 0 and b.prev_free_block is not None)
+            found.extend(block for block in self._copies(key) if in_free_queue(block))
         return found
 
     def _any_cached(self, block_hash: BlockHash, groups: Iterable[int]) -> bool:
@@ -361,6 +361,11 @@ def free_queue_order_holds(pool_cls: type) -> bool:
     except Exception:  # a pool that cannot even run the probe cannot run the policy either
         logger.exception("lighter Mamba cache: the block pool's free-queue probe failed")
         return False
+
+
+def in_free_queue(block: KVCacheBlock) -> bool:
+    """An unreferenced block in vLLM's free queue (a cached one there is evictable)."""
+    return block.ref_cnt == 0 and block.prev_free_block is not None
 
 
 def blocks_cached_under(cache: Any, key: Any) -> list[KVCacheBlock]:

@@ -31,10 +31,10 @@ class LighterMambaCounters:
     states_admitted: int = 0
     states_dropped: int = 0
     # Cached pages evicted, by why they were picked: a second copy of a cached prefix (no hit
-    # lost); a state whose attention prefix (or one
-    # of its pages) was gone; attention past the deepest cached state on its chain; a
-    # dropped state; an admitted state, lowest eviction score first; a page the policy did
-    # not pick (vLLM's LRU order: the policy had nothing left, or is off).
+    # lost); a state whose attention prefix (or one of its pages) was gone; attention past the
+    # deepest cached state on its chain; a dropped state; an admitted state, lowest eviction
+    # score first; a page the policy did not pick (vLLM's LRU order: the policy had nothing
+    # left, or is off).
     evicted_pages_duplicate_copy: int = 0
     evicted_pages_orphan_state: int = 0
     evicted_pages_attention_past_state: int = 0
