@@ -264,6 +264,37 @@ def test_victims_in_order_dropped_state_then_ranked_then_attention_past_state():
     assert p.counters.states_evicted == 2 and not p.retention.pending
 
 
+def test_a_state_a_waiting_request_asks_for_stays():
+    """A lookup that finds a released state (a request asking for it; one that must wait for
+    blocks asks again every step) ranks it as just released: the states released since go
+    first. Without the lookup the older one goes first (part 2 above)."""
+    p = Pool(num_blocks=48)
+    a_attention, a_states = p.chain("a", 8, [7])
+    b_attention, b_states = p.chain("b", 4, [3], first_token=500)
+    p.drain_free()
+    p.retention.state_wanted(a_states[7][0].block_hash[:-4])
+    p.pool.get_new_blocks(3)
+    assert cached(a_states[7]) and not any(b.block_hash for b in b_states[3])
+    assert p.evicted() == {"ranked_state": 3}
+
+
+def test_a_lookup_through_the_manager_tells_the_policy(qwen3_next_dir, monkeypatch):
+    """vLLM's prefix-cache lookup reaches the policy through our Mamba manager, once per
+    lookup that finds a state (the primary group's call), with that state's hash."""
+    wanted = []
+    upstream = block_pool_retention.StateRetention.state_wanted
+
+    def record(self, block_hash):
+        wanted.append(block_hash)
+        return upstream(self, block_hash)
+
+    monkeypatch.setattr(block_pool_retention.StateRetention, "state_wanted", record)
+    result = replay(ON, pressure_trace(), qwen3_next_dir, **PRESSURE)
+    hits = [n for n in result.cached_per_request.values() if n > 0]
+    assert hits and len(wanted) >= len(hits)
+    assert engine_counters(result.scheduler.kv_cache_manager.block_pool).retention_failures == 0
+
+
 def test_state_goes_with_its_attention_prefix():
     p = Pool(num_blocks=48)
     a_attention, a_states = p.chain("a", 8, [7])
@@ -653,7 +684,8 @@ def test_policy_off_leaves_lrus_order(qwen3_next_dir):
 
 PRESSURE = {"block_size": 16, "max_num_batched_tokens": 64, "num_blocks": 70, "num_mamba_groups": 3}
 ENTRY_POINTS = (
-    "before_allocation", "after_free", "after_evict", "state_cached", "state_hit", "request_released"
+    "before_allocation", "after_free", "after_evict", "state_cached", "state_hit", "state_wanted",
+    "request_released",
 )
 
 

@@ -155,6 +155,20 @@ class StateRetention:
                     above.prompt_end = False
                     self.tiers.pass_through(above)
 
+    def state_wanted(self, block_hash: BlockHash) -> None:
+        """A prefix-cache lookup found this state. A request that must wait for blocks is
+        looked up again every step, while the allocations of the requests ahead of it evict:
+        without this, the state it waits for (a next turn's, where its previous turn's decode
+        ended) could be the one they take. A state a request asks for is demand seen, not a
+        bet: it is admitted, a bet on it counts as won, and it is ranked as if just released."""
+        node = self.tree.nodes.get(block_hash)
+        if node is None or not node.state or not self.state_released(block_hash):
+            return  # a state in use is ranked afresh when it is released
+        if node.bet or node.continuation:
+            self.tiers.settle(node, won=True)
+        node.resumable, node.provisional = True, False
+        self.tiers.readmit(node, released=True)
+
     def request_released(self, request: Any, use_eagle: bool) -> None:
         """The request finished or was preempted: its deepest state is where a continuation
         (or its own resumption) starts (a block earlier with EAGLE/MTP: ``last_cache_position``),

@@ -2,8 +2,8 @@
 
 The policy only chooses which cached blocks vLLM's pool evicts first; vLLM's LRU order is
 always a correct fallback. So a failure in its bookkeeping, at any entry point (pool side:
-before an allocation, after a free or an eviction; manager side: a state cached, a hit, a
-request released), never reaches the engine: the policy is switched off for that pool, one
+before an allocation, after a free or an eviction; manager side: a lookup, a state cached, a
+hit, a request released), never reaches the engine: the policy is switched off for that pool, one
 log line says so, and the ``retention_failures`` counter (``/metrics``) counts it. With
 ``LIGHTER_MAMBA_RETENTION_STRICT=1`` (the test suite) the error is raised instead, so a
 bookkeeping bug fails the test that hit it rather than quietly turning the policy off.

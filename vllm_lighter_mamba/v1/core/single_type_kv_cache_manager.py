@@ -134,6 +134,33 @@ class LighterMambaManager(MambaManager):
         self._checkpoint_positions: dict[str, int] = {}
         claim_primary_group(self.block_pool, self.kv_cache_group_id)
 
+    # --- lookup (vLLM's logic; the hit told to the retention policy) --------------------
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Any,
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        hit_blocks, hit_length = super().find_longest_cache_hit(
+            block_hashes, max_length, kv_cache_group_ids, block_pool, *args, **kwargs
+        )
+        state = hit_blocks[0][-1] if hit_blocks and hit_blocks[0] else None
+        if (
+            state is not None
+            and not state.is_null
+            and state.block_hash is not None
+            and primary_group(block_pool) in kv_cache_group_ids
+        ):
+            # A request waiting for blocks asks again every step: keep what it asks for.
+            block_hash = get_block_hash(state.block_hash)
+            with_retention(block_pool, "state_wanted", lambda policy: policy.state_wanted(block_hash), None)
+        return hit_blocks, hit_length
+
     # --- caching (vLLM's logic; counted for the metrics) ------------------------------
 
     def cache_blocks(
