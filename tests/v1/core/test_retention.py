@@ -278,6 +278,28 @@ def test_a_state_a_waiting_request_asks_for_stays():
     assert p.evicted() == {"ranked_state": 3}
 
 
+def test_the_state_a_request_resumed_from_is_as_recent_as_that_request():
+    """vLLM's LRU touches a hit block when the request holding it lets go; ours releases the
+    state as soon as the request has read it. When that request is released, the state it
+    resumed from is ranked afresh: the states released meanwhile go first. Without it the
+    older one goes first (part 2 of the victims' order above)."""
+    p = Pool(num_blocks=48)
+    a_attention, a_states = p.chain("a", 8, [7])
+    b_attention, b_states = p.chain("b", 4, [3], first_token=500)
+    p.drain_free()
+    a_state = a_states[7][0].block_hash[:-4]
+    # r resumed from a's state and went on with tokens of its own.
+    tokens = list(range(1, 8 * BS + 1)) + list(range(900, 900 + 4 * BS + 1))
+    r = make_request(SimRequest("r", tokens, 1), BS)
+    r.num_computed_tokens = len(tokens)
+    p.retention.state_hit(a_state, repeat=False, request_id="r")
+    p.retention.request_released(r, use_eagle=False)
+    assert not p.retention.resumed_from
+    p.pool.get_new_blocks(3)
+    assert cached(a_states[7]) and not any(b.block_hash for b in b_states[3])
+    assert p.evicted() == {"ranked_state": 3}
+
+
 def test_a_lookup_through_the_manager_tells_the_policy(qwen3_next_dir, monkeypatch):
     """vLLM's prefix-cache lookup reaches the policy through our Mamba manager, once per
     lookup that finds a state (the primary group's call), with that state's hash."""

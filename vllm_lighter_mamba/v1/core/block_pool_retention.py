@@ -84,12 +84,15 @@ class StateRetention:
         self.tree = PrefixTree(self.tiers)
         # Victims moved to the front of the free queue: why, by block id (for the counters).
         self.pending: dict[int, str] = {}
+        # The state each running request resumed from, by request id.
+        self.resumed_from: dict[str, BlockHash] = {}
 
     def clear(self) -> None:
         """vLLM dropped every cached block (``reset_prefix_cache``)."""
         self.tree.clear()
         self.tiers.clear()
         self.pending = {}
+        self.resumed_from = {}
 
     def _plan(self, request: Any, use_eagle: bool) -> RetentionPlan:
         """The scheduler's plan for ``request`` (one without stops if it made none)."""
@@ -134,10 +137,12 @@ class StateRetention:
                 not own and position != junction and is_checkpoint_bet(position, plan.stops, plan.checkpoints)
             )
 
-    def state_hit(self, block_hash: BlockHash, repeat: bool) -> None:
+    def state_hit(self, block_hash: BlockHash, repeat: bool, request_id: str | None = None) -> None:
         """A request resumed from this state: a later one may too. ``repeat``: it was the
         deepest hit the request's prompt allows (the same prompt again, or a sibling that
         branches right there), not a continuation that goes on past it."""
+        if request_id is not None:
+            self.resumed_from[request_id] = block_hash  # ranked afresh when it is released
         node = self.tree.nodes.get(block_hash)
         if node is not None:
             node.resumable = True
@@ -174,11 +179,18 @@ class StateRetention:
         (or its own resumption) starts (a block earlier with EAGLE/MTP: ``last_cache_position``),
         and its plan's ``last_prompt_boundary`` where a repeat of the prompt does. Either one
         that was dropped, or ranked by recency alone while the request ran, is admitted and
-        ranked afresh."""
+        ranked afresh. The state it resumed from is ranked afresh too: vLLM's LRU touches a
+        hit block when the request that holds it lets go, while ours was released as soon as
+        the request had read it, so by recency it would go before the states of requests
+        that started after it (a sibling branching there later finds it gone)."""
         bs = self.block_size
         deepest = last_cache_position(request.num_computed_tokens, bs, use_eagle) // bs - 1
         last = self._plan(request, use_eagle).last_prompt_boundary // bs - 1
         hashes = resolve_block_hashes(request.block_hashes, self.pool.hash_block_size, bs)
+        resumed_from = self.resumed_from.pop(request.request_id, None)
+        node = self.tree.nodes.get(resumed_from) if resumed_from is not None else None
+        if node is not None and node.state and node.resumable and self.state_released(node.key):
+            self.tiers.rank(node)
         for index in {deepest, last}:
             if not 0 <= index < len(hashes):
                 continue

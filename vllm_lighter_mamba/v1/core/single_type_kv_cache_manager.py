@@ -213,9 +213,10 @@ class LighterMambaManager(MambaManager):
         if hit is not None:
             # The deepest hit this prompt allows (vLLM recomputes at least the last token).
             deepest = (request.num_tokens - 1) // self.block_size * self.block_size
-            block_hash, repeat = hit[0], hit[1] >= deepest
+            block_hash, repeat, request_id = hit[0], hit[1] >= deepest, request.request_id
             with_retention(
-                self.block_pool, "state_hit", lambda policy: policy.state_hit(block_hash, repeat=repeat), None
+                self.block_pool, "state_hit",
+                lambda policy: policy.state_hit(block_hash, repeat=repeat, request_id=request_id), None,
             )
 
     def add_local_computed_blocks(
