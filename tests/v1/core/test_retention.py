@@ -19,6 +19,7 @@ from vllm_lighter_mamba.bench.sim import (
     make_scheduler,
     replay,
 )
+from vllm_lighter_mamba.bench.workloads import history_trace
 from vllm_lighter_mamba.config import RetentionSettings, parse_settings
 from vllm_lighter_mamba.envs import LighterMambaConfigError
 from vllm_lighter_mamba.patch._util import original
@@ -298,6 +299,17 @@ def test_the_state_a_request_resumed_from_is_as_recent_as_that_request():
     p.pool.get_new_blocks(3)
     assert cached(a_states[7]) and not any(b.block_hash for b in b_states[3])
     assert p.evicted() == {"ranked_state": 3}
+
+
+def test_every_request_that_resumed_from_a_state_is_released_through_the_policy(qwen3_next_dir):
+    """The policy keeps the state each running request resumed from until that request lets
+    go. A request that hits and then caches no state of its own (a repeat whose decode
+    crosses no boundary: q4 of this trace) is released through the policy as well, so no
+    record is left behind (the pool is unbounded here: nothing is evicted)."""
+    requests, kwargs, pools = history_trace(0)
+    result = replay(ON, requests, qwen3_next_dir, num_blocks=pools[-1], max_steps=20_000, **kwargs)
+    assert result.cached_per_request["q4"] > 0
+    assert retention_of(result.scheduler.kv_cache_manager.block_pool).resumed_from == {}
 
 
 def test_a_lookup_through_the_manager_tells_the_policy(qwen3_next_dir, monkeypatch):

@@ -105,8 +105,8 @@ class RequestState:
     # detached before hashing unless the worker settles the step (decided in cache_blocks,
     # where vLLM passes the request, right after the allocation).
     crossed_mid_block: int | None = None
-    # vLLM's Request (set when its blocks are first cached): the retention policy reads its
-    # tokens and prompt when the request lets go of its blocks.
+    # vLLM's Request (set when its blocks are first cached, or when it resumed from a state):
+    # the retention policy reads its tokens and prompt when the request lets go of its blocks.
     request: Any = None
 
 
@@ -199,9 +199,7 @@ class LighterMambaManager(MambaManager):
             counters = engine_counters(self.block_pool)
             counters.states_cached += len(cached)
             counters.states_held += len(cached)
-            state = self.states.get(request.request_id)
-            if state is not None and state.request is None:
-                state.request = request
+            self._keep_request(request)
             drop = self.drop_eagle_checkpoint_block
 
             def tell_cached(policy: Any) -> None:
@@ -218,6 +216,15 @@ class LighterMambaManager(MambaManager):
                 self.block_pool, "state_hit",
                 lambda policy: policy.state_hit(block_hash, repeat=repeat, request_id=request_id), None,
             )
+            # Released through the policy too (even if it caches no state of its own): the
+            # state it resumed from is ranked afresh then, and its record dropped.
+            self._keep_request(request)
+
+    def _keep_request(self, request: Any) -> None:
+        """Keep vLLM's Request for the retention policy's ``request_released``."""
+        state = self.states.get(request.request_id)
+        if state is not None and state.request is None:
+            state.request = request
 
     def add_local_computed_blocks(
         self,
