@@ -48,7 +48,7 @@ from vllm_lighter_mamba.v1.core.retention_policy import (
     is_checkpoint_bet,
 )
 from vllm_lighter_mamba.v1.core.retention_tiers import EvictionTiers
-from vllm_lighter_mamba.v1.core.retention_tree import PrefixTree, nearest_state_above
+from vllm_lighter_mamba.v1.core.retention_tree import PrefixNode, PrefixTree, nearest_state_above
 from vllm_lighter_mamba.v1.core.sched.policy import last_cache_position
 
 _ATTR = "_lighter_mamba_retention"
@@ -145,10 +145,7 @@ class StateRetention:
             self.resumed_from[request_id] = block_hash  # ranked afresh when it is released
         node = self.tree.nodes.get(block_hash)
         if node is not None:
-            node.resumable = True
-            node.provisional = False
-            if node.bet or node.continuation:
-                self.tiers.settle(node, won=True)
+            self._demand_seen(node)
             node.shared = node.shared or repeat
             if not repeat:
                 # A continuation resumed here and goes on: this state, and the prompt end
@@ -169,10 +166,14 @@ class StateRetention:
         node = self.tree.nodes.get(block_hash)
         if node is None or not node.state or not self.state_released(block_hash):
             return  # a state in use is ranked afresh when it is released
+        self._demand_seen(node)
+        self.tiers.readmit(node, released=True)
+
+    def _demand_seen(self, node: PrefixNode) -> None:
+        """A request resumed from the state, or asked for it: admitted for good, a bet on it won."""
+        node.resumable, node.provisional = True, False
         if node.bet or node.continuation:
             self.tiers.settle(node, won=True)
-        node.resumable, node.provisional = True, False
-        self.tiers.readmit(node, released=True)
 
     def request_released(self, request: Any, use_eagle: bool) -> None:
         """The request finished or was preempted: its deepest state is where a continuation
