@@ -11,6 +11,10 @@ counts as hit tokens without saving anything new), and whether it is below align
 mode preempted (a shortfall the eviction order alone explains).
 
     python benchmarks/benchmark_pressure_traces.py [--num-traces 200] [--modes lighter,lighter:off]
+        [--list-below]
+
+``--list-below`` also prints each case below align (seed, pool, hit tokens, preemptions,
+computed tokens); ``explain_pressure_case.py --seed S --pool N`` shows one step by step.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default="lighter,lighter:off",
                         help="lighter modes compared with align (lighter:off: no retention policy)")
     parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")
+    parser.add_argument("--list-below", action="store_true", help="print each case below align")
     args = parser.parse_args(argv)
     from vllm_lighter_mamba.bench.sim import replay, split_modes
     from vllm_lighter_mamba.bench.workloads import history_trace
@@ -60,6 +65,11 @@ def main(argv: list[str] | None = None) -> None:
                     if not align.preemptions and not ours.preemptions:
                         row["no_preemption"] += 1
                         row["below_no_preemption"] += ours.cached_tokens < align.cached_tokens
+                    if args.list_below and ours.cached_tokens < align.cached_tokens:
+                        print(f"below align: {mode} seed {seed} pool {num_blocks}: hit tokens "
+                              f"{ours.cached_tokens} against {align.cached_tokens}, preemptions "
+                              f"{ours.preemptions} against {align.preemptions}, computed tokens "
+                              f"{ours_tokens} against {align_tokens}", flush=True)
                     if short > row["worst"]:
                         row["worst"], row["worst_case"] = short, (seed, num_blocks)
     print("| mode | cases | with evictions | below align | share of those | below by > 5% | "

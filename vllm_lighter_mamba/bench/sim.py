@@ -264,13 +264,18 @@ class CachedBlockTracker:
     """
 
     def __init__(self, pool, mamba_group_ids) -> None:
-        from vllm.v1.core.kv_cache_utils import get_group_id
+        from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+
+        from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 
         self.mamba_group_ids = frozenset(mamba_group_ids)
         self.state_blocks = 0
         self.attn_blocks = 0
         self.evicted_state_blocks = 0
         self.evicted_attn_blocks = 0
+        # Each cached-free page evicted, in order: (group id, block hash without the group, why
+        # the retention policy picked it, or "lru" where it did not or is not installed).
+        self.evictions: list[tuple[int, bytes, str]] = []
         free_blocks, touch, evict = pool.free_blocks, pool.touch, pool._maybe_evict_cached_block
 
         def is_state(block) -> bool:
@@ -301,8 +306,12 @@ class CachedBlockTracker:
         def tracked_evict(block) -> bool:
             cached_free = block.ref_cnt == 0 and block.block_hash is not None
             state = cached_free and is_state(block)
+            key = block.block_hash
+            retention = retention_of(pool)
+            reason = retention.pending.get(block.block_id, "lru") if retention is not None else "lru"
             evicted = evict(block)
             if evicted and cached_free:
+                self.evictions.append((get_group_id(key), get_block_hash(key), reason))
                 if state:
                     self.state_blocks -= 1
                     self.evicted_state_blocks += 1
