@@ -33,26 +33,21 @@ def timed_scheduler(make_scheduler, record: list[float]):
     """``make_scheduler`` whose schedulers add each step's host seconds to ``record[0]`` and
     count the steps in ``record[1]``."""
 
+    def timed(method, counts_a_step: bool):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                record[0] += time.perf_counter() - start
+                record[1] += counts_a_step
+
+        return wrapper
+
     def make(*args, **kwargs):
         scheduler = make_scheduler(*args, **kwargs)
-        schedule, update = scheduler.schedule, scheduler.update_from_output
-
-        def timed_schedule(*a, **k):
-            start = time.perf_counter()
-            try:
-                return schedule(*a, **k)
-            finally:
-                record[0] += time.perf_counter() - start
-                record[1] += 1
-
-        def timed_update(*a, **k):
-            start = time.perf_counter()
-            try:
-                return update(*a, **k)
-            finally:
-                record[0] += time.perf_counter() - start
-
-        scheduler.schedule, scheduler.update_from_output = timed_schedule, timed_update
+        scheduler.schedule = timed(scheduler.schedule, True)
+        scheduler.update_from_output = timed(scheduler.update_from_output, False)
         return scheduler
 
     return make
