@@ -16,18 +16,10 @@ with that prompt followed by its reply: where a next turn resumes).
 from __future__ import annotations
 
 import argparse
+import os
 
 FLAGS = (("R", "resumable"), ("P", "provisional"), ("S", "shared"), ("E", "prompt_end"),
          ("C", "continuation"), ("B", "bet"), ("X", "branched"))
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):  # up to the shorter one
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def describe_trace(requests: list) -> list[str]:
@@ -38,9 +30,9 @@ def describe_trace(requests: list) -> list[str]:
     for i, request in enumerate(requests):
         shared = []
         for earlier in requests[:i]:
-            prompt = common_prefix(earlier.prompt_token_ids, request.prompt_token_ids)
+            prompt = len(os.path.commonprefix([earlier.prompt_token_ids, request.prompt_token_ids]))
             turn = earlier.prompt_token_ids + continuation(earlier.prompt_token_ids, earlier.max_tokens)
-            with_reply = common_prefix(turn, request.prompt_token_ids)
+            with_reply = len(os.path.commonprefix([turn, request.prompt_token_ids]))
             if prompt or with_reply:
                 shared.append(f"{earlier.request_id}:{prompt}/{with_reply}")
         lines.append(f"{request.request_id}: {len(request.prompt_token_ids)} tokens, "
@@ -90,7 +82,7 @@ def explain(mode: str, requests: list, model: str, num_blocks: int, kwargs: dict
         step += 1
 
     result = replay(mode, requests, model, max_steps=20_000, observers=[observe], scheduler=scheduler)
-    hits = " ".join(f"{rid}={n}" for rid, n in sorted(result.cached_per_request.items(), key=lambda x: x[0]))
+    hits = " ".join(f"{rid}={n}" for rid, n in sorted(result.cached_per_request.items()))
     lines.append(f"hit tokens: {result.cached_tokens} ({hits}); preemptions {result.preemptions}")
     return lines
 
