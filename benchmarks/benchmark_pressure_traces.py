@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> None:
         for rank, num_blocks in enumerate(pools[:6]):  # the pool sizes the property test sums over
             align = replay("align", requests, args.model, num_blocks=num_blocks, max_steps=20_000, **kwargs)
             align_hit_tokens += align.cached_tokens
-            align_tokens = computed(align)
+            align_tokens = align.computed_tokens
             align_computed += align_tokens
             for mode in modes:
                 ours = replay(mode, requests, args.model, num_blocks=num_blocks, max_steps=20_000, **kwargs)
                 row = rows[mode]
                 row["cases"] += 1
                 row["hit_tokens"] += ours.cached_tokens
-                ours_tokens = computed(ours)
+                ours_tokens = ours.computed_tokens
                 row["computed"] += ours_tokens
                 evicted = align.evicted_state_blocks + align.evicted_attn_blocks
                 evicted += ours.evicted_state_blocks + ours.evicted_attn_blocks
@@ -89,11 +89,6 @@ def main(argv: list[str] | None = None) -> None:
               f"{row['no_preemption']} | {row['below_no_preemption']} |")
     print("below align by pool size (smallest that runs every request, +2, +5 blocks, x1.5, x2, x4): "
           + "; ".join(f"{mode} {row['below_by_pool']}" for mode, row in rows.items()))
-
-
-def computed(result) -> int:
-    """Tokens the replay's model computed (prompt and re-prefill chunks, decode steps)."""
-    return sum(n for _, _, n, _ in result.chunks)
 
 
 if __name__ == "__main__":

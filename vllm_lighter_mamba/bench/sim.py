@@ -168,6 +168,11 @@ class SimResult:
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens the mocked model computed: prompt and re-prefill chunks, decode steps."""
+        return sum(n for _, _, n, _ in self.chunks)
+
 
 @functools.lru_cache(maxsize=64)
 def _vllm_config(

@@ -1,0 +1,178 @@
+"""How far any eviction order could take the lighter cache on the retention property suite:
+the suite's pressure cases (``benchmark_pressure_traces.py``) replayed with an eviction order
+that knows the future, against align (vLLM's LRU).
+
+The oracle replaces the retention policy's pick (``StateRetention._pick``) with Belady's rule
+on pages: every cached free page (state or attention) gets its next use, the earliest arrival
+(or now, for a request already waiting) of a request that has not started yet, or was
+preempted, and whose prompt can hit that page's prefix (the prompt's whole blocks before its
+last token); the pages used farthest ahead (never: first) are evicted first, ties in vLLM's
+LRU order. It knows every request's prompt and arrival step, which no server does. It is not
+a proven optimum (a page's next use counts even where a deeper state would serve that
+request instead, and evicting one attention block can strand a whole chain), so it answers
+"is there room above the policy on these traces", not "what is the best possible".
+
+    python benchmarks/benchmark_oracle_eviction.py [--num-traces 200] [--model DIR] [--list-below]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+class Future:
+    """What the oracle knows: each request's arrival and the prefixes its prompt can hit,
+    and (from the replay's observer) which requests have started."""
+
+    def __init__(self, requests: Sequence[Any], block_size: int) -> None:
+        from vllm_lighter_mamba.bench.sim import make_request
+
+        self.arrivals: dict[str, int] = {}
+        self.users: dict[bytes, list[str]] = {}
+        for sim_request in requests:
+            request = make_request(sim_request, block_size)
+            self.arrivals[sim_request.request_id] = sim_request.arrival_step
+            hittable = (len(sim_request.prompt_token_ids) - 1) // block_size
+            for block_hash in request.block_hashes[:hittable]:
+                self.users.setdefault(bytes(block_hash), []).append(sim_request.request_id)
+        self.now = 0
+        self.live: dict[str, Any] = {}
+
+    def observe(self, output: Any, live: dict[str, Any]) -> None:
+        self.live = live
+
+    def waiting_for_a_hit(self, request_id: str) -> bool:
+        from vllm.v1.request import RequestStatus
+
+        request = self.live.get(request_id)
+        if request is None:
+            return True  # not arrived yet
+        return request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+    def next_use(self, block_hash: bytes) -> float:
+        uses = [max(self.arrivals[rid], self.now) for rid in self.users.get(block_hash, ())
+                if self.waiting_for_a_hit(rid)]
+        return min(uses, default=math.inf)
+
+
+def oracle_pick(future: Future):
+    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    def pick(retention: Any, count: int) -> list[Any]:
+        queue = retention.pool.free_block_queue
+        candidates = []
+        block = queue.fake_free_list_head.next_free_block
+        order = 0
+        while block is not queue.fake_free_list_tail:
+            if block.block_hash is not None:
+                candidates.append((-future.next_use(bytes(get_block_hash(block.block_hash))), order, block))
+                order += 1
+            block = block.next_free_block
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        victims = [block for _, _, block in candidates[:count]]
+        for block in victims:
+            retention.pending[block.block_id] = "ranked_state"  # a known reason, for the counters
+        return victims
+
+    return pick
+
+
+def replay_with_oracle(requests: Sequence[Any], model: str, num_blocks: int, **kwargs: Any) -> Any:
+    from unittest import mock
+
+    from vllm_lighter_mamba.bench.sim import replay
+    from vllm_lighter_mamba.v1.core.block_pool_retention import StateRetention
+
+    future = Future(requests, kwargs["block_size"])
+
+    def clock(scheduler: Any, output: Any, step: int) -> None:
+        future.now = step + 1  # the next schedule() runs at step + 1
+
+    with mock.patch.object(StateRetention, "_pick", oracle_pick(future)):
+        return replay("lighter:inside", requests, model, num_blocks=num_blocks, max_steps=20_000,
+                      check=clock, observers=[future.observe], **kwargs)
+
+
+def shortfall_kind(align: Any, ours: Any) -> str:
+    """Why ``ours`` (a replay below align in hit tokens) is below: align's extra hits went to
+    requests it preempted afterwards (their hit was computed again), or ours computes no more
+    tokens than align all the same, or a real loss (ours computes more)."""
+    short = align.cached_tokens - ours.cached_tokens
+    preempted_hits = sum(hit for rid, hit in align.cached_per_request.items()
+                         if align.requests[rid].num_preemptions and hit > ours.cached_per_request.get(rid, 0))
+    if preempted_hits >= short:
+        return "align's extra hits went to requests it preempted later"
+    if ours.computed_tokens <= align.computed_tokens:
+        return "computes no more tokens than align"
+    return "computes more tokens than align"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-traces", type=int, default=200, help="trace i uses seed i")
+    parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")
+    parser.add_argument("--list-below", action="store_true", help="print each case below align")
+    args = parser.parse_args(argv)
+    from vllm_lighter_mamba.bench.sim import replay
+    from vllm_lighter_mamba.bench.workloads import history_trace
+
+    rows = {name: {"evicting": 0, "below": 0, "below_5pct": 0, "hit_tokens": 0, "computes_more": 0,
+                   "no_preemption": 0, "below_no_preemption": 0}
+            for name in ("lighter:inside", "oracle")}
+    align_hit_tokens = 0
+    below_both: dict[str, int] = {}
+    for seed in range(args.num_traces):
+        requests, kwargs, pools = history_trace(seed)
+        for num_blocks in pools[:6]:
+            align = replay("align", requests, args.model, num_blocks=num_blocks, max_steps=20_000, **kwargs)
+            results = {
+                "lighter:inside": replay("lighter:inside", requests, args.model, num_blocks=num_blocks,
+                                         max_steps=20_000, **kwargs),
+                "oracle": replay_with_oracle(requests, args.model, num_blocks, **kwargs),
+            }
+            align_hit_tokens += align.cached_tokens
+            below_here = []
+            for name, ours in results.items():
+                row = rows[name]
+                row["hit_tokens"] += ours.cached_tokens
+                evicted = (align.evicted_state_blocks + align.evicted_attn_blocks
+                           + ours.evicted_state_blocks + ours.evicted_attn_blocks)
+                if not evicted:
+                    continue
+                row["evicting"] += 1
+                below = ours.cached_tokens < align.cached_tokens
+                row["below"] += below
+                below_here.append(below)
+                short = align.cached_tokens - ours.cached_tokens
+                row["below_5pct"] += short > 0.05 * max(align.cached_tokens, 1)
+                row["computes_more"] += ours.computed_tokens > align.computed_tokens
+                if not align.preemptions and not ours.preemptions:
+                    row["no_preemption"] += 1
+                    row["below_no_preemption"] += below
+                if args.list_below and below:
+                    print(f"below align: {name} seed {seed} pool {num_blocks}: hit tokens "
+                          f"{ours.cached_tokens} against {align.cached_tokens}", flush=True)
+            if len(below_here) == 2 and all(below_here):
+                kind = shortfall_kind(align, results["lighter:inside"])
+                below_both[kind] = below_both.get(kind, 0) + 1
+    print("| eviction order | cases with evictions | below align | share | below by > 5% "
+          "| hit tokens / align | computes more tokens than align | neither preempted: cases, below align |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        share = row["below"] / max(row["evicting"], 1)
+        print(f"| {name} | {row['evicting']} | {row['below']} | {share:.3f} | "
+              f"{row['below_5pct']} | {row['hit_tokens'] / max(align_hit_tokens, 1):.3f} | "
+              f"{row['computes_more']} | {row['no_preemption']}, {row['below_no_preemption']} |")
+    evicting = rows["oracle"]["evicting"]
+    total = sum(below_both.values())
+    print(f"below align with both orders: {total} ({total / max(evicting, 1):.3f}); "
+          "the policy's replay there:")
+    for kind, count in sorted(below_both.items()):
+        print(f"- {kind}: {count} ({count / max(evicting, 1):.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""benchmarks/benchmark_oracle_eviction.py: Belady's farthest-next-use order on the pool's free
+cached pages, the bound the retention policy is measured against."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, make_block_hash_with_group_id
+from vllm.v1.request import RequestStatus
+
+from vllm_lighter_mamba.bench.sim import SimRequest, make_request, replay
+from vllm_lighter_mamba.bench.workloads import history_trace
+
+from . import load_benchmark
+
+BLOCK = 4
+FIRST = SimRequest("first", list(range(1, 10)), 2, 0)  # blocks [1-4], [5-8] can be hit
+LATER = SimRequest("later", [1, 2, 3, 4, 50, 51, 52], 2, 10)  # shares the first block only
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("benchmark_oracle_eviction")
+
+
+def running(sim_request: SimRequest):
+    request = make_request(sim_request, BLOCK)
+    request.status = RequestStatus.RUNNING
+    return request
+
+
+def test_next_use_is_the_next_arrival_of_a_request_that_can_hit_it(bench):
+    future = bench.Future([FIRST, LATER], BLOCK)
+    shared, own = (bytes(h) for h in make_request(FIRST, BLOCK).block_hashes[:2])
+    future.now = 3
+    future.live = {"first": running(FIRST)}
+    assert future.next_use(shared) == 10  # "later" arrives at 10 and can hit it
+    assert future.next_use(own) == math.inf  # only "first" could, and it has started
+    future.now = 12
+    future.live["later"] = running(LATER)
+    assert future.next_use(shared) == math.inf  # started: it will not look it up again
+    future.live["later"].status = RequestStatus.PREEMPTED
+    assert future.next_use(shared) == 12  # preempted: it looks it up again now
+
+
+def test_the_page_used_farthest_ahead_is_evicted_first(bench):
+    future = bench.Future([FIRST, LATER], BLOCK)
+    future.live = {"first": running(FIRST)}
+    shared, own = make_request(FIRST, BLOCK).block_hashes[:2]
+    blocks = [KVCacheBlock(block_id=i) for i in range(3)]
+    blocks[0].set_block_hash(make_block_hash_with_group_id(shared, 0))  # LRU's first victim
+    blocks[1].set_block_hash(make_block_hash_with_group_id(own, 0))
+    pool = SimpleNamespace(free_block_queue=FreeKVCacheBlockQueue(blocks))
+    retention = SimpleNamespace(pool=pool, pending={})
+    victims = bench.oracle_pick(future)(retention, 1)
+    assert [b.block_id for b in victims] == [1]  # never used again, although LRU would take 0
+    assert retention.pending == {1: "ranked_state"}
+    # Both pages: the unused one first, then the shared one; the hashless block is no victim.
+    assert [b.block_id for b in bench.oracle_pick(future)(retention, 3)] == [1, 0]
+
+
+def test_the_oracle_replays_a_pressure_case_through_vllms_scheduler(bench, qwen3_next_dir, monkeypatch):
+    from vllm_lighter_mamba.v1.core.block_pool_retention import StateRetention
+
+    requests, kwargs, pools = history_trace(107)
+    original = StateRetention._pick
+    calls = []
+    pick = bench.oracle_pick
+
+    def counting(future):
+        inner = pick(future)
+
+        def counted(retention, count):
+            victims = inner(retention, count)
+            calls.append(len(victims))
+            return victims
+
+        return counted
+
+    monkeypatch.setattr(bench, "oracle_pick", counting)
+    ours = bench.replay_with_oracle(requests, qwen3_next_dir, pools[4], **kwargs)
+    align = replay("align", requests, qwen3_next_dir, num_blocks=pools[4], max_steps=20_000, **kwargs)
+    assert sum(calls) > 0  # the oracle picked this case's victims
+    assert ours.outputs == align.outputs  # every request finished
+    assert StateRetention._pick is original  # the patch ends with the replay
+
+
+def result(cached: dict[str, int], computed: int, preempted: tuple[str, ...] = ()):
+    requests = {rid: SimpleNamespace(num_preemptions=int(rid in preempted)) for rid in cached}
+    return SimpleNamespace(cached_tokens=sum(cached.values()), cached_per_request=cached,
+                           computed_tokens=computed, requests=requests)
+
+
+def test_a_shortfall_is_told_apart_from_align_hits_lost_to_preemption(bench):
+    ours = result({"a": 0, "b": 8}, computed=100)
+    # Align's extra 16 tokens went to "a", which it preempted afterwards.
+    kind = bench.shortfall_kind(result({"a": 16, "b": 8}, computed=100, preempted=("a",)), ours)
+    assert kind == "align's extra hits went to requests it preempted later"
+    # Not preempted: a shortfall, real where ours computes more tokens.
+    align = result({"a": 16, "b": 8}, computed=100)
+    assert bench.shortfall_kind(align, ours) == "computes no more tokens than align"
+    align = result({"a": 16, "b": 8}, computed=90)
+    assert bench.shortfall_kind(align, ours) == "computes more tokens than align"
