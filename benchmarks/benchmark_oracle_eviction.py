@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -80,7 +80,10 @@ def oracle_pick(future: Future):
     return pick
 
 
-def replay_with_oracle(requests: Sequence[Any], model: str, num_blocks: int, **kwargs: Any) -> Any:
+def replay_with_oracle(requests: Sequence[Any], model: str, num_blocks: int,
+                       observers: Sequence[Callable] = (), scheduler: Any = None, **kwargs: Any) -> Any:
+    """``requests`` replayed by the lighter cache (``lighter:inside``) with the oracle's pick;
+    ``observers`` and ``scheduler`` as ``sim.replay`` takes them."""
     from unittest import mock
 
     from vllm_lighter_mamba.bench.sim import replay
@@ -93,7 +96,7 @@ def replay_with_oracle(requests: Sequence[Any], model: str, num_blocks: int, **k
 
     with mock.patch.object(StateRetention, "_pick", oracle_pick(future)):
         return replay("lighter:inside", requests, model, num_blocks=num_blocks, max_steps=20_000,
-                      check=clock, observers=[future.observe], **kwargs)
+                      check=clock, observers=[future.observe, *observers], scheduler=scheduler, **kwargs)
 
 
 def shortfall_kind(align: Any, ours: Any) -> str:

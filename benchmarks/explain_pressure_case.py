@@ -10,13 +10,18 @@ S shared, E prompt end, C continuation, B checkpoint bet, X branched). Then each
 The trace's requests come first, with the tokens each shares with every earlier prompt (and
 with that prompt followed by its reply: where a next turn resumes).
 
-    python benchmarks/explain_pressure_case.py --seed 107 --pool 30 [--modes align,lighter:inside]
+    python benchmarks/explain_pressure_case.py --seed 107 --pool 30 [--modes align,lighter:inside,oracle]
+
+``oracle``: the lighter cache with ``benchmark_oracle_eviction.py``'s eviction order (the future
+known), to see which pages it keeps where the policy loses.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+from pathlib import Path
 
 FLAGS = (("R", "resumable"), ("P", "provisional"), ("S", "shared"), ("E", "prompt_end"),
          ("C", "continuation"), ("B", "bet"), ("X", "branched"))
@@ -51,7 +56,8 @@ def explain(mode: str, requests: list, model: str, num_blocks: int, kwargs: dict
     from vllm_lighter_mamba.v1.core.block_pool_retention import retention_of
 
     block_size = kwargs["block_size"]
-    scheduler = make_scheduler(mode, model, num_blocks=num_blocks, **kwargs)
+    engine_mode = "lighter:inside" if mode == "oracle" else mode
+    scheduler = make_scheduler(engine_mode, model, num_blocks=num_blocks, **kwargs)
     tracker = cached_block_tracker(scheduler)
     retention = retention_of(scheduler.kv_cache_manager.block_pool)  # None for align
     owner: dict = {}  # block hash -> "request@position" of the first request that hashed it
@@ -64,6 +70,7 @@ def explain(mode: str, requests: list, model: str, num_blocks: int, kwargs: dict
         nonlocal seen, step
         # Runs right after schedule(): the evictions since the last call are this step's.
         for group, block_hash, reason in tracker.evictions[seen:]:
+            reason = "oracle" if mode == "oracle" and reason != "lru" else reason  # no policy reason
             kind = "state" if group in tracker.mamba_group_ids else "attention"
             note = f" [{flags.get(block_hash, '?')}]" if kind == "state" and reason != "lru" else ""
             lines.append(f"    evicted {kind} page g{group} of {owner.get(block_hash, '?')}: {reason}{note}")
@@ -81,10 +88,23 @@ def explain(mode: str, requests: list, model: str, num_blocks: int, kwargs: dict
                 flags[block_hash] = node_flags(node)
         step += 1
 
-    result = replay(mode, requests, model, max_steps=20_000, observers=[observe], scheduler=scheduler)
+    if mode == "oracle":
+        result = oracle_module().replay_with_oracle(requests, model, num_blocks, observers=[observe],
+                                                    scheduler=scheduler, **kwargs)
+    else:
+        result = replay(mode, requests, model, max_steps=20_000, observers=[observe], scheduler=scheduler)
     hits = " ".join(f"{rid}={n}" for rid, n in sorted(result.cached_per_request.items()))
     lines.append(f"hit tokens: {result.cached_tokens} ({hits}); preemptions {result.preemptions}")
     return lines
+
+
+def oracle_module():
+    """``benchmark_oracle_eviction.py`` beside this script (benchmarks/ is no package)."""
+    path = Path(__file__).with_name("benchmark_oracle_eviction.py")
+    spec = importlib.util.spec_from_file_location("benchmark_oracle_eviction", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,13 +114,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default="align,lighter:inside")
     parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")
     args = parser.parse_args(argv)
-    from vllm_lighter_mamba.bench.sim import split_modes
+    from vllm_lighter_mamba.bench.sim import MODES, split_modes
     from vllm_lighter_mamba.bench.workloads import history_trace
 
     requests, kwargs, pools = history_trace(args.seed)
     print(f"seed {args.seed}: {kwargs}; the suite's pools {pools[:6]}")
     print("\n".join(describe_trace(requests)))
-    for mode in split_modes(args.modes):
+    for mode in split_modes(args.modes, (*MODES, "oracle")):
         print(f"\n== {mode}, {args.pool} blocks")
         print("\n".join(explain(mode, requests, args.model, args.pool, kwargs)))
 

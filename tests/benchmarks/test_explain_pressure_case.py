@@ -52,3 +52,16 @@ def test_the_trace_says_what_each_request_shares(bench):
     # q1 is the next turn of q0 (22-token prompt, 4-token reply): 22 tokens of prompt in
     # common, 26 with the reply.
     assert lines[1].endswith("shares q0:22/26")
+
+
+def test_the_oracle_mode_replays_with_the_oracles_order(bench, qwen3_next_dir):
+    """``--modes oracle``: the lighter cache with benchmark_oracle_eviction's order, its
+    evictions marked as the oracle's, its hit tokens those of that benchmark's replay."""
+    requests, kwargs, _ = history_trace(SEED)
+    lines = bench.explain("oracle", requests, qwen3_next_dir, POOL, kwargs)
+    reference = load_benchmark("benchmark_oracle_eviction").replay_with_oracle(
+        requests, qwen3_next_dir, POOL, **kwargs)
+    reasons = evictions(lines)
+    assert len(reasons) == reference.evicted_state_blocks + reference.evicted_attn_blocks
+    assert "oracle" in reasons and set(reasons) <= {"oracle", "lru"}
+    assert lines[-1].startswith(f"hit tokens: {reference.cached_tokens} ")
