@@ -13,13 +13,20 @@ request instead, and evicting one attention block can strand a whole chain), so 
 "is there room above the policy on these traces", not "what is the best possible".
 
     python benchmarks/benchmark_oracle_eviction.py [--num-traces 200] [--model DIR] [--list-below]
+    python benchmarks/benchmark_oracle_eviction.py -- <benchmark_prefix_caching.py --simulate args>
+
+The second form runs a retention sweep of ``benchmark_prefix_caching.py`` with the oracle's
+order in its ``lighter:inside`` replays (workloads without follow-ups: multi-prefix, repeat).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -80,23 +87,65 @@ def oracle_pick(future: Future):
     return pick
 
 
-def replay_with_oracle(requests: Sequence[Any], model: str, num_blocks: int,
-                       observers: Sequence[Callable] = (), scheduler: Any = None, **kwargs: Any) -> Any:
-    """``requests`` replayed by the lighter cache (``lighter:inside``) with the oracle's pick;
-    ``observers`` and ``scheduler`` as ``sim.replay`` takes them."""
+@contextlib.contextmanager
+def oracle_order(requests: Sequence[Any], block_size: int) -> Iterator[dict[str, Any]]:
+    """The oracle's pick in place of the policy's for the replays inside (of ``requests``);
+    yields the hooks a replay needs (``sim.replay``'s ``check`` and ``observers``)."""
     from unittest import mock
 
-    from vllm_lighter_mamba.bench.sim import replay
     from vllm_lighter_mamba.v1.core.block_pool_retention import StateRetention
 
-    future = Future(requests, kwargs["block_size"])
+    future = Future(requests, block_size)
 
     def clock(scheduler: Any, output: Any, step: int) -> None:
         future.now = step + 1  # the next schedule() runs at step + 1
 
     with mock.patch.object(StateRetention, "_pick", oracle_pick(future)):
+        yield {"check": clock, "observers": [future.observe]}
+
+
+def replay_with_oracle(requests: Sequence[Any], model: str, num_blocks: int,
+                       observers: Sequence[Callable] = (), scheduler: Any = None, **kwargs: Any) -> Any:
+    """``requests`` replayed by the lighter cache (``lighter:inside``) with the oracle's pick;
+    ``observers`` and ``scheduler`` as ``sim.replay`` takes them."""
+    from vllm_lighter_mamba.bench.sim import replay
+
+    with oracle_order(requests, kwargs["block_size"]) as hooks:
         return replay("lighter:inside", requests, model, num_blocks=num_blocks, max_steps=20_000,
-                      check=clock, observers=[future.observe, *observers], scheduler=scheduler, **kwargs)
+                      check=hooks["check"], observers=[*hooks["observers"], *observers],
+                      scheduler=scheduler, **kwargs)
+
+
+def sweep(bench_argv: list[str]) -> None:
+    """``benchmark_prefix_caching.py --simulate`` with ``bench_argv``, its ``lighter:inside``
+    replays with the oracle's order. Workloads whose requests come only when others finish
+    (multi-turn follow-ups) are refused: the oracle would not know them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import benchmark_prefix_caching
+
+    from vllm_lighter_mamba.bench import sim
+
+    upstream = sim.replay
+
+    def replay(mode: str, requests: Sequence[Any], model_dir: str, **kwargs: Any) -> Any:
+        if mode != "lighter:inside":
+            return upstream(mode, requests, model_dir, **kwargs)
+        on_finish = kwargs.pop("on_finish", None)
+
+        def no_follow_ups(request: Any, step: int) -> list:
+            if on_finish is not None and on_finish(request, step):
+                raise SystemExit("benchmark_oracle_eviction: this workload sends requests when others "
+                                 "finish (follow-ups); the oracle cannot know them")
+            return []
+
+        with oracle_order(requests, kwargs["block_size"]) as hooks:
+            return upstream(mode, requests, model_dir, on_finish=no_follow_ups, **hooks, **kwargs)
+
+    sim.replay = replay
+    try:
+        benchmark_prefix_caching.main(bench_argv)
+    finally:
+        sim.replay = upstream
 
 
 def shortfall_kind(align: Any, ours: Any) -> str:
@@ -114,6 +163,10 @@ def shortfall_kind(align: Any, ours: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" in argv:
+        sweep(argv[argv.index("--") + 1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-traces", type=int, default=200, help="trace i uses seed i")
     parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")

@@ -3,6 +3,7 @@ cached pages, the bound the retention policy is measured against."""
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -103,3 +104,32 @@ def test_a_shortfall_is_told_apart_from_align_hits_lost_to_preemption(bench):
     assert bench.shortfall_kind(align, ours) == "computes no more tokens than align"
     align = result({"a": 16, "b": 8}, computed=90)
     assert bench.shortfall_kind(align, ours) == "computes more tokens than align"
+
+
+SWEEP = ["--simulate", "--sim-block-size", "16", "--max-num-batched-tokens", "256", "--max-num-seqs", "8",
+         "--compare", "align,lighter:inside", "--num-prompts", "40", "--num-prefixes", "4",
+         "--prefix-len", "96", "--input-length-range", "8:32", "--output-len", "8", "--arrival-rate", "1",
+         "--sim-num-blocks", "24"]
+
+
+def test_a_sweep_replays_the_lighter_mode_with_the_oracle(bench, qwen3_next_dir, monkeypatch, tmp_path):
+    from vllm_lighter_mamba.bench import sim
+
+    calls = []
+    pick = bench.oracle_pick
+    monkeypatch.setattr(bench, "oracle_pick",
+                        lambda future: lambda retention, n: calls.append(n) or pick(future)(retention, n))
+    out = tmp_path / "sweep.json"
+    upstream = sim.replay
+    bench.main(["--", *SWEEP, "--model", qwen3_next_dir, "--workload", "multi-prefix",
+                "--output-json", str(out)])
+    assert sum(calls) > 0  # the lighter replay's victims were the oracle's
+    modes = [r["mode"] for r in json.loads(out.read_text())["results"]]
+    assert modes == ["align", "lighter:inside"]
+    assert sim.replay is upstream  # put back
+
+
+def test_a_sweep_refuses_a_workload_with_follow_ups(bench, qwen3_next_dir, tmp_path):
+    with pytest.raises(SystemExit, match="follow-ups"):
+        bench.main(["--", *SWEEP, "--model", qwen3_next_dir, "--workload", "multi-turn-sessions",
+                    "--output-json", str(tmp_path / "sweep.json")])
