@@ -1,4 +1,4 @@
-"""How far any eviction order could take the lighter cache on the retention property suite:
+"""How far a better eviction order could take the lighter cache on the retention property suite:
 the suite's pressure cases (``benchmark_pressure_traces.py``) replayed with an eviction order
 that knows the future, against align (vLLM's LRU).
 
@@ -15,13 +15,13 @@ request instead, and evicting one attention block can strand a whole chain), so 
     python benchmarks/benchmark_oracle_eviction.py [--num-traces 200] [--model DIR] [--list-below]
     python benchmarks/benchmark_oracle_eviction.py -- <benchmark_prefix_caching.py --simulate args>
 
+The first form is ``benchmark_pressure_traces.py --modes lighter:inside,oracle``.
 The second form runs a retention sweep of ``benchmark_prefix_caching.py`` with the oracle's
 order in its ``lighter:inside`` replays (workloads without follow-ups: multi-prefix, repeat).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import sys
@@ -167,67 +167,10 @@ def main(argv: list[str] | None = None) -> None:
     if "--" in argv:
         sweep(argv[argv.index("--") + 1:])
         return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-traces", type=int, default=200, help="trace i uses seed i")
-    parser.add_argument("--model", default=".tiny_models/qwen3_next", help="hybrid model dir (config only)")
-    parser.add_argument("--list-below", action="store_true", help="print each case below align")
-    args = parser.parse_args(argv)
-    from vllm_lighter_mamba.bench.sim import replay
-    from vllm_lighter_mamba.bench.workloads import history_trace
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import benchmark_pressure_traces
 
-    rows = {name: {"evicting": 0, "below": 0, "below_5pct": 0, "hit_tokens": 0, "computes_more": 0,
-                   "no_preemption": 0, "below_no_preemption": 0}
-            for name in ("lighter:inside", "oracle")}
-    align_hit_tokens = 0
-    below_both: dict[str, int] = {}
-    for seed in range(args.num_traces):
-        requests, kwargs, pools = history_trace(seed)
-        for num_blocks in pools[:6]:
-            align = replay("align", requests, args.model, num_blocks=num_blocks, max_steps=20_000, **kwargs)
-            results = {
-                "lighter:inside": replay("lighter:inside", requests, args.model, num_blocks=num_blocks,
-                                         max_steps=20_000, **kwargs),
-                "oracle": replay_with_oracle(requests, args.model, num_blocks, **kwargs),
-            }
-            align_hit_tokens += align.cached_tokens
-            below_here = []
-            for name, ours in results.items():
-                row = rows[name]
-                row["hit_tokens"] += ours.cached_tokens
-                evicted = (align.evicted_state_blocks + align.evicted_attn_blocks
-                           + ours.evicted_state_blocks + ours.evicted_attn_blocks)
-                if not evicted:
-                    continue
-                row["evicting"] += 1
-                below = ours.cached_tokens < align.cached_tokens
-                row["below"] += below
-                below_here.append(below)
-                short = align.cached_tokens - ours.cached_tokens
-                row["below_5pct"] += short > 0.05 * max(align.cached_tokens, 1)
-                row["computes_more"] += ours.computed_tokens > align.computed_tokens
-                if not align.preemptions and not ours.preemptions:
-                    row["no_preemption"] += 1
-                    row["below_no_preemption"] += below
-                if args.list_below and below:
-                    print(f"below align: {name} seed {seed} pool {num_blocks}: hit tokens "
-                          f"{ours.cached_tokens} against {align.cached_tokens}", flush=True)
-            if len(below_here) == 2 and all(below_here):
-                kind = shortfall_kind(align, results["lighter:inside"])
-                below_both[kind] = below_both.get(kind, 0) + 1
-    print("| eviction order | cases with evictions | below align | share | below by > 5% "
-          "| hit tokens / align | computes more tokens than align | neither preempted: cases, below align |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, row in rows.items():
-        share = row["below"] / max(row["evicting"], 1)
-        print(f"| {name} | {row['evicting']} | {row['below']} | {share:.3f} | "
-              f"{row['below_5pct']} | {row['hit_tokens'] / max(align_hit_tokens, 1):.3f} | "
-              f"{row['computes_more']} | {row['no_preemption']}, {row['below_no_preemption']} |")
-    evicting = rows["oracle"]["evicting"]
-    total = sum(below_both.values())
-    print(f"below align with both orders: {total} ({total / max(evicting, 1):.3f}); "
-          "the policy's replay there:")
-    for kind, count in sorted(below_both.items()):
-        print(f"- {kind}: {count} ({count / max(evicting, 1):.3f})")
+    benchmark_pressure_traces.main(["--modes", "lighter:inside,oracle", *argv])
 
 
 if __name__ == "__main__":

@@ -133,3 +133,12 @@ def test_a_sweep_refuses_a_workload_with_follow_ups(bench, qwen3_next_dir, tmp_p
     with pytest.raises(SystemExit, match="follow-ups"):
         bench.main(["--", *SWEEP, "--model", qwen3_next_dir, "--workload", "multi-turn-sessions",
                     "--output-json", str(tmp_path / "sweep.json")])
+
+
+def test_the_suite_counts_the_cases_below_align_with_both_orders(bench, qwen3_next_dir, capsys):
+    # Seed 14 at its smallest pool (16 blocks): below align with the policy and the oracle
+    # alike, because align's extra hit went to a request it preempted afterwards.
+    bench.main(["--first-trace", "14", "--num-traces", "1", "--model", qwen3_next_dir])
+    out = capsys.readouterr().out
+    assert "below align with both lighter:inside and the oracle: 1 " in out
+    assert "- align's extra hits went to requests it preempted later: 1 " in out
