@@ -85,6 +85,19 @@ def run_in_fresh_process(module: str, mode: str, spec: dict, env: dict, out_name
         return load(out_path)
 
 
+def fresh_process_main(run: Callable[[dict], Any], save: Callable[[Any, str], None] | None = None) -> None:
+    """The ``__main__`` of a module that :func:`run_in_fresh_process` runs (``python -m module
+    SPEC OUT``): ``run(spec)`` saved to OUT, as JSON unless ``save`` says otherwise."""
+    spec_path, out_path = sys.argv[1], sys.argv[2]
+    with open(spec_path) as f:
+        result = run(json.load(f))
+    if save is not None:
+        save(result, out_path)
+        return
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
 def read_json(path: str) -> Any:
     with open(path) as f:
         return json.load(f)

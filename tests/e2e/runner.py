@@ -16,9 +16,7 @@ must be set before vLLM loads its plugins, so run this in a fresh process per mo
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 
@@ -151,14 +149,7 @@ def engine_counters(llm) -> dict:
     return client.engine_core.lighter_mamba_counters()  # in-process engine core
 
 
-def main() -> None:
-    spec_path, out_path = sys.argv[1], sys.argv[2]
-    with open(spec_path) as f:
-        spec = json.load(f)
-    result = run(spec)
-    with open(out_path, "w") as f:
-        json.dump(result, f)
-
-
 if __name__ == "__main__":
-    main()
+    from .helpers import fresh_process_main
+
+    fresh_process_main(run)

@@ -26,13 +26,11 @@ before vLLM loads its plugins).
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import torch
 
-from .helpers import run_in_fresh_process
+from .helpers import fresh_process_main, run_in_fresh_process
 from .runner import engine_kwargs
 
 # {layer name: [state tensor, ...]} in the layer's own order (GDN: conv state, then SSM state).
@@ -154,12 +152,5 @@ def run(spec: dict) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    spec_path, out_path = sys.argv[1], sys.argv[2]
-    with open(spec_path) as f:
-        spec = json.load(f)
-    torch.save(run(spec), out_path)
-
-
 if __name__ == "__main__":
-    main()
+    fresh_process_main(run, torch.save)

@@ -13,12 +13,9 @@ in-process engine cannot start there, and a pytest worker runs other test files 
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
-from .helpers import CPU_ENGINE, read_json, run_in_fresh_process, shared_text
+from .helpers import CPU_ENGINE, fresh_process_main, read_json, run_in_fresh_process, shared_text
 
 pytestmark = pytest.mark.engine
 
@@ -90,8 +87,4 @@ def test_our_pieces_run_and_align_paths_do_not(qwen3_next_dir):
 
 
 if __name__ == "__main__":
-    spec_path, out_path = sys.argv[1], sys.argv[2]
-    with open(spec_path) as f:
-        model = json.load(f)["model"]
-    with open(out_path, "w") as f:
-        json.dump(run_engine(model), f)
+    fresh_process_main(lambda spec: run_engine(spec["model"]))

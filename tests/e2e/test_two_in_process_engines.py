@@ -8,12 +8,11 @@ SPEC OUT``) so that nothing else has loaded numba first."""
 from __future__ import annotations
 
 import gc
-import json
 import sys
 
 import pytest
 
-from .helpers import CPU_ENGINE, read_json, run_in_fresh_process, shared_text
+from .helpers import CPU_ENGINE, fresh_process_main, read_json, run_in_fresh_process, shared_text
 
 pytestmark = pytest.mark.engine
 
@@ -45,8 +44,4 @@ def test_a_second_in_process_engine_starts_after_the_first(qwen3_next_dir):
 
 
 if __name__ == "__main__":
-    spec_path, out_path = sys.argv[1], sys.argv[2]
-    with open(spec_path) as f:
-        model = json.load(f)["model"]
-    with open(out_path, "w") as f:
-        json.dump(run_engines(model), f)
+    fresh_process_main(lambda spec: run_engines(spec["model"]))
