@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling scripts
+
 
 class Future:
     """What the oracle knows: each request's arrival and the prefixes its prompt can hit,
@@ -120,7 +122,6 @@ def sweep(bench_argv: list[str]) -> None:
     """``benchmark_prefix_caching.py --simulate`` with ``bench_argv``, its ``lighter:inside``
     replays with the oracle's order. Workloads whose requests come only when others finish
     (multi-turn follow-ups) are refused: the oracle would not know them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import benchmark_prefix_caching
 
     from vllm_lighter_mamba.bench import sim
@@ -167,7 +168,6 @@ def main(argv: list[str] | None = None) -> None:
     if "--" in argv:
         sweep(argv[argv.index("--") + 1:])
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import benchmark_pressure_traces
 
     benchmark_pressure_traces.main(["--modes", "lighter:inside,oracle", *argv])

@@ -72,19 +72,20 @@ def main(argv: list[str] | None = None) -> None:
                 evicted = align.evicted_state_blocks + align.evicted_attn_blocks
                 evicted += ours.evicted_state_blocks + ours.evicted_attn_blocks
                 if evicted:
+                    is_below = ours.cached_tokens < align.cached_tokens
                     row["evicting"] += 1
-                    row["below"] += ours.cached_tokens < align.cached_tokens
-                    if ours.cached_tokens < align.cached_tokens:
+                    row["below"] += is_below
+                    if is_below:
                         below[mode] = ours
-                    row["below_by_pool"][rank] += ours.cached_tokens < align.cached_tokens
+                    row["below_by_pool"][rank] += is_below
                     # The shortfall as a share of align's hit tokens in that case.
                     short = (align.cached_tokens - ours.cached_tokens) / max(align.cached_tokens, 1)
                     row["below_5pct"] += short > 0.05
                     row["computes_more"] += ours_tokens > align_tokens
                     if not align.preemptions and not ours.preemptions:
                         row["no_preemption"] += 1
-                        row["below_no_preemption"] += ours.cached_tokens < align.cached_tokens
-                    if args.list_below and ours.cached_tokens < align.cached_tokens:
+                        row["below_no_preemption"] += is_below
+                    if args.list_below and is_below:
                         print(f"below align: {mode} seed {seed} pool {num_blocks}: hit tokens "
                               f"{ours.cached_tokens} against {align.cached_tokens}, preemptions "
                               f"{ours.preemptions} against {align.preemptions}, computed tokens "

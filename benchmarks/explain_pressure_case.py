@@ -19,9 +19,11 @@ known), to see which pages it keeps where the policy loses.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 FLAGS = (("R", "resumable"), ("P", "provisional"), ("S", "shared"), ("E", "prompt_end"),
          ("C", "continuation"), ("B", "bet"), ("X", "branched"))
@@ -89,22 +91,15 @@ def explain(mode: str, requests: list, model: str, num_blocks: int, kwargs: dict
         step += 1
 
     if mode == "oracle":
-        result = oracle_module().replay_with_oracle(requests, model, num_blocks, observers=[observe],
-                                                    scheduler=scheduler, **kwargs)
+        import benchmark_oracle_eviction
+
+        result = benchmark_oracle_eviction.replay_with_oracle(
+            requests, model, num_blocks, observers=[observe], scheduler=scheduler, **kwargs)
     else:
         result = replay(mode, requests, model, max_steps=20_000, observers=[observe], scheduler=scheduler)
     hits = " ".join(f"{rid}={n}" for rid, n in sorted(result.cached_per_request.items()))
     lines.append(f"hit tokens: {result.cached_tokens} ({hits}); preemptions {result.preemptions}")
     return lines
-
-
-def oracle_module():
-    """``benchmark_oracle_eviction.py`` beside this script (benchmarks/ is no package)."""
-    path = Path(__file__).with_name("benchmark_oracle_eviction.py")
-    spec = importlib.util.spec_from_file_location("benchmark_oracle_eviction", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv: list[str] | None = None) -> None:
