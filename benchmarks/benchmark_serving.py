@@ -8,7 +8,9 @@ Servers are started in rounds, modes alternated (off, align, lighter, off, align
 Each server first runs a warm-up pass of every workload with the workload's own shapes (another
 seed: it leaves no prefix the measured pass could hit; the first minutes of a server include
 Triton compilation and autotuning), then the measured pass, with the round's seed in every mode.
-Hit rate, preemptions, engine steps and pool use of each run come from the server's ``/metrics``.
+Hit rate, preemptions, engine steps and pool use of each run come from the server's ``/metrics``;
+prefill steps per request and the mean prefill chunk from vLLM's own per-step log lines
+(``--enable-logging-iteration-details``, on for every mode; ``--no-iteration-details`` drops it).
 
     python benchmarks/benchmark_serving.py --model DIR [--modes off,align,lighter] [--rounds 2] \\
         [--workloads system:16384,multi_turn,rag,decode] [--results-dir DIR] \\
@@ -66,7 +68,9 @@ METRICS = [
     ("output_throughput", "output tok/s"), ("hit_rate", "hit rate"),
     ("draft_acceptance", "drafts accepted / proposed"),
     ("steps_per_request", "engine steps / request"), ("tokens_per_step", "tokens / engine step"),
-    ("mean_prefill_ms", "prefill time / request ms"), ("preemptions", "preemptions"),
+    ("mean_prefill_ms", "prefill time / request ms"),
+    ("prefill_steps_per_request", "prefill steps / request"), ("mean_prefill_chunk", "prefill chunk tokens"),
+    ("preemptions", "preemptions"),
     ("states_cached_per_request", "states cached / request"),
     ("peak_kv_usage", "peak pool use"), ("blocks_per_running_request", "pool blocks / running req"),
 ]
@@ -82,6 +86,13 @@ STATES_CACHED = "vllm:lighter_mamba_states_cached_total"
 # VLLM_LOG_STATS_INTERVAL seconds, 10 by default): every server here logs them every second, and
 # a lighter server's counters are read once one more log has passed since its last request.
 STATS_INTERVAL_S = 1.0
+# vLLM's line per engine step with --enable-logging-iteration-details
+# (``LoggingStatLogger._log_iteration_details``): a "context request" is a request scheduled
+# before its first output token, i.e. one prefill chunk (a preempted request's recompute counts
+# as generation: it has outputs).
+ITERATION_LINE = re.compile(
+    r"Iteration\(\d+\): (\d+) context requests, (\d+) context tokens, "
+    r"\d+ generation requests, \d+ generation tokens, iteration elapsed time: [\d.]+ ms( \(dummy\))?")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--client", choices=("in-process", "subprocess"), default="in-process",
                    help="vLLM's benchmark called in this process (its start-up paid once), or the "
                         "`vllm bench serve` command per run")
+    p.add_argument("--no-iteration-details", dest="iteration_details", action="store_false",
+                   help="start the servers without vLLM's per-step log line (no prefill steps per "
+                        "request or prefill chunk length in the table)")
     p.add_argument("--no-probe", dest="probe", action="store_false",
                    help="skip the greedy correctness probe of each first-round server")
     g = p.add_argument_group("system:LEN workload (long shared system prompts)")
@@ -425,19 +439,54 @@ def run_diagnostics(before: dict[str, float], after: dict[str, float], completed
     }
 
 
+def log_size(log_path: str | None) -> int:
+    """Where a server's log ends now (0 if there is none yet)."""
+    try:
+        return os.path.getsize(log_path) if log_path else 0
+    except OSError:
+        return 0
+
+
+def prefill_chunks(log_text: str, completed: int) -> dict:
+    """Prefill steps per completed request and mean prefill chunk length (tokens), from the
+    per-step lines vLLM wrote for one run (dummy steps left out); unknown without such lines."""
+    chunks = tokens = 0
+    for found in ITERATION_LINE.finditer(log_text):
+        if found.group(3) is None:
+            chunks += int(found.group(1))
+            tokens += int(found.group(2))
+    if not chunks:
+        return {"prefill_steps_per_request": None, "mean_prefill_chunk": None}
+    return {"prefill_steps_per_request": chunks / completed if completed else None,
+            "mean_prefill_chunk": tokens / chunks}
+
+
+def read_log_since(log_path: str | None, offset: int) -> str:
+    if not log_path:
+        return ""
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
 def _names(values: dict[str, float]) -> set[str]:
     return {name.partition("{")[0] for name in values}
 
 
-def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: int, tmp: str) -> dict:
-    """One measured run of a workload against a running server, with its diagnostics."""
+def run_workload(args: argparse.Namespace, base_url: str, workload: str, seed: int, tmp: str,
+                 log_path: str | None = None) -> dict:
+    """One measured run of a workload against a running server, with its diagnostics
+    (``log_path``: the server's log, for its per-step lines of this run)."""
     before = metrics(base_url)  # settled: the warm-up or the previous run ended with settled_metrics
+    log_offset = log_size(log_path)
     with sampled(base_url) as samples:
         result = run_client(base_url, client_args(args, workload, seed, tmp), args.client == "in-process")
     after = settled_metrics(base_url)
     pool_size = num_gpu_blocks(after)
+    completed = result.get("completed") or 0
     row = {key: result.get(key) for key, _ in METRICS}
-    row.update(run_diagnostics(before, after, result.get("completed") or 0))
+    row.update(run_diagnostics(before, after, completed))
+    row.update(prefill_chunks(read_log_since(log_path, log_offset), completed))
     row.update(workload=workload, completed=result.get("completed"), num_gpu_blocks=pool_size,
                block_size=cache_config_label(after, "block_size"),
                total_input_tokens=result.get("total_input_tokens"), duration_s=result.get("duration"),
@@ -468,6 +517,8 @@ def server_spec(args: argparse.Namespace, mode: str, log_path: str) -> ServerSpe
     """The `vllm serve` of one mode."""
     extra, lighter, config = mode_serve_args(mode)
     serve_args = extra + ["--enable-prompt-tokens-details"] + shlex.split(args.serve_args)
+    if args.iteration_details:
+        serve_args.append("--enable-logging-iteration-details")
     serve_args = with_additional_config(serve_args, config)
     if args.profile_dir:
         serve_args += profiler_serve_args(args.profile_dir, mode, args.profile_max_iterations)
@@ -504,7 +555,7 @@ def run_server(args: argparse.Namespace, round_: int, mode: str, log_path: str) 
             print(json.dumps(runs[-1]), flush=True)
         warmup_s = warm_up(args, base_url, seed, tmp)
         for workload in workloads:
-            row = run_workload(args, base_url, workload, seed, tmp)
+            row = run_workload(args, base_url, workload, seed, tmp, log_path)
             row.update(mode=mode, round=round_, server_ready_s=ready_s, warmup_s=warmup_s)
             print(json.dumps(row), flush=True)
             runs.append(row)
@@ -534,6 +585,7 @@ def run_concurrent(args: argparse.Namespace, log_dir: str, started: float) -> li
     with serve_many(specs, args.ready_timeout) as urls, tempfile.TemporaryDirectory() as tmp:
         ready_s = time.monotonic() - started
         url = dict(zip(modes, urls, strict=True))
+        log_path = {mode: spec.log_path for mode, spec in zip(modes, specs, strict=True)}
         if args.probe:
             for mode in modes:
                 keep({"mode": mode, "round": 0, "workload": "probe",
@@ -547,7 +599,8 @@ def run_concurrent(args: argparse.Namespace, log_dir: str, started: float) -> li
             for workload in args.workloads.split(","):
                 for mode in concurrent_order(modes, round_):
                     try:
-                        row = run_workload(args, url[mode], workload, args.seed + round_, tmp)
+                        row = run_workload(args, url[mode], workload, args.seed + round_, tmp,
+                                           log_path[mode])
                     except (RuntimeError, OSError) as error:  # one failed run: the next one runs
                         keep({"mode": mode, "round": round_, "workload": "failed",
                               "failed_workload": workload, "error": str(error)[-4000:]})

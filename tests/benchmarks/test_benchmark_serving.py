@@ -76,6 +76,55 @@ def test_diagnostics_come_from_counter_deltas():
     assert serving.run_diagnostics(before, after, completed=10)["states_cached_per_request"] == 3.0
 
 
+def vllm_iteration_line(ctx_requests: int, ctx_tokens: int, gen_requests: int, dummy: bool = False) -> str:
+    """The line vLLM's own stat logger writes for one engine step (its formatter, not ours)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from vllm.v1.metrics import loggers
+    from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
+
+    details = SchedulerIterationDetails(
+        iteration_index=7, num_ctx_requests=ctx_requests, num_ctx_tokens=ctx_tokens,
+        num_generation_requests=gen_requests, num_generation_tokens=gen_requests, elapsed_ms=12.5,
+        is_dummy=dummy)
+    fake_logger = SimpleNamespace(_log_prefix_for_engine=lambda index: "", kv_cache_device="GPU")
+    with mock.patch.object(loggers, "logger") as logger:
+        loggers.LoggingStatLogger._log_iteration_details(
+            fake_logger, SchedulerStats(iteration_details=details, kv_cache_usage=0.5), 0)
+    (fmt, *values), _ = logger.info.call_args
+    return "(APIServer pid=1) INFO 12-07 [loggers.py:199] " + fmt % tuple(values)
+
+
+def test_prefill_chunks_are_read_from_vllms_own_per_step_lines():
+    lines = [vllm_iteration_line(2, 4096, 3), vllm_iteration_line(0, 0, 5),
+             vllm_iteration_line(1, 1000, 4), vllm_iteration_line(9, 9999, 0, dummy=True),
+             "(APIServer pid=1) INFO 12-07 Engine 000: Avg prompt throughput: 10 tokens/s"]
+    # 3 prefill chunks (dummy steps and other lines left out) over 2 requests
+    assert serving.prefill_chunks("\n".join(lines), completed=2) == {
+        "prefill_steps_per_request": 1.5, "mean_prefill_chunk": pytest.approx(5096 / 3)}
+    assert serving.prefill_chunks("no per-step lines", completed=2) == {
+        "prefill_steps_per_request": None, "mean_prefill_chunk": None}
+
+
+def test_a_run_reads_only_the_lines_its_server_wrote_during_the_run(tmp_path, monkeypatch):
+    log = tmp_path / "server.log"
+    log.write_text(vllm_iteration_line(5, 50_000, 0) + "\n")  # the warm-up's steps
+
+    def fake_client(url, argv, in_process=True):
+        with log.open("a") as f:
+            f.write(vllm_iteration_line(1, 300, 0) + "\n" + vllm_iteration_line(1, 100, 1) + "\n")
+        return {"completed": 1}
+
+    monkeypatch.setattr(serving, "metrics", lambda url: {})
+    monkeypatch.setattr(serving, "settled_metrics", lambda url: {})
+    monkeypatch.setattr(serving, "sampled", lambda url: contextlib.nullcontext([]))
+    monkeypatch.setattr(serving, "run_client", fake_client)
+    args = serving.parse_args(["--model", "m", "--workloads", "decode"])
+    row = serving.run_workload(args, "http://h:0", "decode", 0, str(tmp_path), str(log))
+    assert row["prefill_steps_per_request"] == 2.0 and row["mean_prefill_chunk"] == 200.0
+
+
 def test_summary_has_medians_spreads_and_ratios():
     runs = [{"workload": "rag", "mode": m, "round": r, "p50_ttft_ms": v}
             for m, values in (("off", (100, 120)), ("align", (40, 60)), ("lighter", (30, 50)))
@@ -124,15 +173,16 @@ def test_a_failed_server_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch
 
 
 def test_concurrent_servers_start_together_and_runs_alternate_by_workload(tmp_path, monkeypatch):
-    launched, calls = [], []
+    launched, calls, logs = [], [], set()
 
     @contextlib.contextmanager
     def fake_serve_many(specs, ready_timeout):
         launched.append([(s.lighter, s.args) for s in specs])
         yield [f"http://h:{i}" for i in range(len(specs))]
 
-    def fake_workload(args, base_url, workload, seed, tmp):
+    def fake_workload(args, base_url, workload, seed, tmp, log_path):
         calls.append((base_url, workload, seed))
+        logs.add((base_url, log_path))
         return {"workload": workload, "p50_ttft_ms": 1.0}
 
     monkeypatch.setattr(serving, "serve_many", fake_serve_many)
@@ -146,6 +196,10 @@ def test_concurrent_servers_start_together_and_runs_alternate_by_workload(tmp_pa
                   "--output-json", str(out), "--profile-dir", str(tmp_path / "prof"),
                   "--profile-workloads", "rag"])
     assert len(launched) == 1 and [lighter for lighter, _ in launched[0]] == [False, True]
+    assert all("--enable-logging-iteration-details" in serve_args for _, serve_args in launched[0])
+    # each run reads the per-step lines of its own server's log
+    assert logs == {("http://h:0", str(tmp_path / "server-align.log")),
+                    ("http://h:1", str(tmp_path / "server-lighter.log"))}
     for _, serve_args in launched[0]:  # each server profiles into its own directory
         config = json.loads(serve_args[serve_args.index("--profiler-config") + 1])
         assert config["torch_profiler_dir"].endswith(("prof/align", "prof/lighter"))
@@ -211,7 +265,7 @@ def test_a_failed_concurrent_run_is_recorded_and_the_next_one_runs(tmp_path, mon
     def fake_serve_many(specs, ready_timeout):
         yield [f"http://h:{i}" for i in range(len(specs))]
 
-    def fake_workload(args, base_url, workload, seed, tmp):
+    def fake_workload(args, base_url, workload, seed, tmp, log_path):
         if base_url == "http://h:1":
             raise RuntimeError("vllm bench serve failed")
         return {"workload": workload, "p50_ttft_ms": 1.0}
