@@ -35,10 +35,15 @@ def test_prefill_stats_counts_prompt_chunks_only(bench):
 # - lighter (no cold-prompt checkpoints, the default): align:triton's chunks.
 # - lighter:ckpt=1/2/4: a cold prompt also stops 1 and 2 blocks before 768 (512, 256; 4 blocks
 #   before is below 0): 0-256, 256-512, 512-768, 768-900 (4 steps); the repeat hits 768.
+# - align:pmu=64 (--prefix-match-unit 64, fine-grained hits): align's chunks, and the prompt's
+#   tail is hashed and its state kept on the 64-token grid, so the repeat hits 896 (the deepest
+#   multiple of 64 that leaves a token to compute) and computes 4 tokens. The replay hashes the
+#   request as the engine core does, on the scheduler's hash block size (64 here, not 256).
 EXPECTED = {
     "none": ([512, 388], 0, [512, 388]),
     "align": ([512, 388], 768, [132]),
     "align:triton": ([512, 256, 132], 768, [132]),
+    "align:pmu=64": ([512, 388], 896, [4]),
     "lighter": ([512, 256, 132], 768, [132]),
     "lighter:ckpt=1/2/4": ([256, 256, 256, 132], 768, [132]),
 }

@@ -614,7 +614,6 @@ def replay(
         if speculation is not None:
             scheduler_kwargs["num_spec_tokens"] = speculation.num_tokens
         scheduler = make_scheduler(mode, model_dir, **scheduler_kwargs)
-    block_size = scheduler.cache_config.block_size
     tracker = cached_block_tracker(scheduler)
     evicted_before = (tracker.evicted_state_blocks, tracker.evicted_attn_blocks)
     pending = sorted(requests, key=lambda r: r.arrival_step)
@@ -647,7 +646,9 @@ def replay(
     while pending or in_flight is not None or scheduler.has_unfinished_requests():
         while pending and pending[0].arrival_step <= step:
             sim_req = pending.pop(0)
-            request = make_request(sim_req, block_size)
+            # Hashed as vLLM's engine core hashes it: on the scheduler's hash block size
+            # (finer than the block with --prefix-match-unit).
+            request = make_request(sim_req, scheduler.hash_block_size)
             live[sim_req.request_id] = request
             scheduler.add_request(request)
             result.prompt_tokens += len(sim_req.prompt_token_ids)
