@@ -462,11 +462,15 @@ def prefill_chunks(log_text: str, completed: int) -> dict:
 
 
 def read_log_since(log_path: str | None, offset: int) -> str:
-    if not log_path:
+    """What a server's log gained since ``offset`` ("" without a readable log: these figures
+    are diagnostics, and a log that cannot be read must not turn a measured run into a failed
+    one, as an OSError from ``run_workload`` does in the concurrent schedule)."""
+    try:
+        with open(log_path or "", "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+    except OSError:
         return ""
-    with open(log_path, "rb") as log:
-        log.seek(offset)
-        return log.read().decode(errors="replace")
 
 
 def _names(values: dict[str, float]) -> set[str]:

@@ -123,6 +123,9 @@ def test_a_run_reads_only_the_lines_its_server_wrote_during_the_run(tmp_path, mo
     args = serving.parse_args(["--model", "m", "--workloads", "decode"])
     row = serving.run_workload(args, "http://h:0", "decode", 0, str(tmp_path), str(log))
     assert row["prefill_steps_per_request"] == 2.0 and row["mean_prefill_chunk"] == 200.0
+    # Without a readable log the run is still measured, its prefill figures unknown.
+    row = serving.run_workload(args, "http://h:0", "decode", 0, str(tmp_path), str(tmp_path / "gone.log"))
+    assert row["prefill_steps_per_request"] is None and row["mean_prefill_chunk"] is None
 
 
 def test_summary_has_medians_spreads_and_ratios():
